@@ -1,0 +1,75 @@
+"""Typed configs: one pydantic model per command, loaded from YAML plus `key=value` overrides.
+
+Every field carries its default and a `description` (the help text); nothing is defaulted in
+code with `.get(key, default)`. Unknown keys are errors, so a typo never passes silently.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from searchrl.errors import SearchRLError
+
+C = TypeVar("C", bound="StrictModel")
+
+
+class StrictModel(BaseModel):
+    """Base for every config: unknown keys rejected, assignments validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def parse_overrides(pairs: list[str]) -> dict:
+    """`["a.b=3", "c=x"]` -> `{"a": {"b": 3}, "c": "x"}`; values are parsed as YAML scalars."""
+    tree: dict = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise SearchRLError(f"override {pair!r} is not key=value (e.g. stage1.steps=10)")
+        key, raw = pair.split("=", 1)
+        node = tree
+        *parents, leaf = key.strip().split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(raw) if raw != "" else ""
+    return tree
+
+
+def deep_merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_config(cls: type[C], path: str | Path | None = None, overrides: list[str] = ()) -> C:
+    """Build `cls` from an optional YAML file and `key=value` overrides, with clear errors."""
+    data: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise SearchRLError(f"config file {path} does not exist")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise SearchRLError(f"config file {path} is not valid YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise SearchRLError(f"config file {path} must hold a mapping at top level")
+    data = deep_merge(data, parse_overrides(list(overrides)))
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        where = f" in {path}" if path else ""
+        lines = [f"  {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+        raise SearchRLError(f"invalid {cls.__name__}{where}:\n" + "\n".join(lines)) from None
+
+
+def dump_config(cfg: StrictModel, path: str | Path) -> None:
+    """Write the resolved config next to a run's outputs."""
+    Path(path).write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))

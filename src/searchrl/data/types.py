@@ -1,0 +1,51 @@
+"""The plain values that flow between components."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class Passage:
+    """One retrievable passage (about 100 words) with its title."""
+
+    id: str
+    title: str
+    text: str
+    score: float | None = None
+
+    def contents(self) -> str:
+        """FlashRAG / Search-R1 `contents` form: quoted title line, then the text."""
+        return f'"{self.title}"\n{self.text}'
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Question:
+    """One benchmark or training question with every accepted gold answer."""
+
+    id: str
+    question: str
+    answers: tuple[str, ...]
+    supporting_ids: tuple[str, ...] = field(default=())
+    type: str = ""
+    source: str = ""
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["answers"] = list(self.answers)
+        d["supporting_ids"] = list(self.supporting_ids)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Question":
+        return cls(
+            id=str(d["id"]),
+            question=d["question"],
+            answers=tuple(d["answers"]),
+            supporting_ids=tuple(d.get("supporting_ids", ())),
+            type=d.get("type", ""),
+            source=d.get("source", ""),
+        )

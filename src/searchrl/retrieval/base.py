@@ -1,0 +1,22 @@
+"""The one retrieval interface every backend implements (BM25, dense FAISS, HTTP, web)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from searchrl.data.types import Passage
+
+
+class Retriever(ABC):
+    """Batched passage search.
+
+    Promises: one result list per query, in query order; an empty or blank query gets [];
+    a backend that stays down after its retries raises `RetrievalUnavailable`.
+    """
+
+    @abstractmethod
+    def search(self, queries: list[str], k: int) -> list[list[Passage]]:
+        """Top-`k` passages for each query, best first, `score` filled in."""
+
+    def close(self) -> None:
+        """Release sockets, memory maps, ...; the default holds nothing."""
