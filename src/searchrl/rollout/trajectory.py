@@ -1,0 +1,58 @@
+"""`Trajectory`: one rollout, as the rollout engine recorded it. Rewards and the trainer read only this."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+Source = Literal["policy", "env"]
+
+# Why a rollout stopped.
+STOP_REASONS = ("answer", "eos", "length", "max_searches", "empty_query")
+
+
+@dataclass
+class Segment:
+    """A run of response text with one provenance: sampled by the policy or inserted by the env."""
+
+    text: str
+    source: Source
+
+
+@dataclass
+class Trajectory:
+    """One search-interleaved rollout. Token lists share the response length T (prompt excluded)."""
+
+    question_id: str
+    question: str
+    prompt_ids: list[int]  # [P] the prompt, as fed to the model
+    token_ids: list[int]  # [T] response tokens exactly as sampled or inserted (never re-tokenized)
+    loss_mask: list[int]  # [T] 1 = sampled by the policy, 0 = inserted by the environment
+    logprobs: list[float]  # [T] sampling log-probs; 0.0 at environment tokens
+    segments: list[Segment]  # response text in order, split by provenance
+    queries: list[str] = field(default_factory=list)
+    retrieved_ids: list[list[str]] = field(default_factory=list)  # per query, passage ids
+    n_searches: int = 0
+    answer: str | None = None
+    stop_reason: str = "eos"
+    timing: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def response_text(self) -> str:
+        return "".join(s.text for s in self.segments)
+
+    def to_dict(self, tokens: bool = True) -> dict:
+        d = asdict(self)
+        if not tokens:
+            for key in ("prompt_ids", "token_ids", "loss_mask", "logprobs"):
+                d.pop(key)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Trajectory":
+        d = dict(d)
+        d["segments"] = [Segment(**s) for s in d.get("segments", [])]
+        for key in ("prompt_ids", "token_ids", "loss_mask", "logprobs"):
+            d.setdefault(key, [])
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in d.items() if k in known})
