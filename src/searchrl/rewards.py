@@ -1,0 +1,354 @@
+"""Rewards (SPEC §3): the format check, and the Stage-1 / Stage-2 rewards built from it.
+
+Everything here is a pure function of one `Trajectory` (plus gold answers and a config).
+The format check reads `Trajectory.segments`, so "the model never writes a documents block" is
+decided by provenance: a documents tag in a `policy` segment is forged, in an `env` segment it
+was inserted by the environment.
+
+Format rules (names appear in `FormatVerdict.failed` and in the training metrics):
+
+| rule | fails when |
+|---|---|
+| `think` | the think tags are not exactly one `</think>` (prompt already opened `<think>`) or one `<think>` at the start then one `</think>` |
+| `answer` | not exactly one non-empty `<answer>…</answer>` right after `</think>` (only whitespace between), or text after `</answer>` |
+| `garbled` | the policy wrote U+FFFD, a control character other than tab/newline/CR, a surrogate, a private-use or an unassigned code point |
+| `script` | the policy wrote CJK text (outside the documents) and the question has none |
+| `query` | a query tag is unclosed, nested, stray, empty, or holds another protocol tag |
+| `forged_documents` | a policy segment holds a documents tag |
+| `answer_tags` | the answer holds a protocol tag (query, documents, think, answer) |
+| `answer_length` | the answer has more than `max_answer_words` words (the authors' code: 10) |
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+from pydantic import Field, field_validator
+
+from searchrl.config import StrictModel
+from searchrl.metrics import ANSWER_METRICS
+from searchrl.protocol import DEFAULT_TAGS, TagSet, extract_answer
+from searchrl.registry import Registry
+from searchrl.rollout.trajectory import Segment, Trajectory
+
+FORMAT_RULES = (
+    "think",
+    "answer",
+    "garbled",
+    "script",
+    "query",
+    "forged_documents",
+    "answer_tags",
+    "answer_length",
+)
+
+# Han (incl. extensions and compatibility), kana, Hangul, CJK symbols and full-width forms: the
+# scripts a multilingual base model drifts into (the authors' code rejects CJK outside documents).
+_CJK = re.compile(
+    "[\u1100-\u11ff\u2e80-\u2fdf\u3000-\u303f\u3040-\u30ff\u3100-\u31ff\u3400-\u4dbf\u4e00-\u9fff"
+    "\uac00-\ud7af\uf900-\ufaff\uff00-\uffef\U00020000-\U0003134f]"
+)
+_BAD_CATEGORIES = frozenset({"Cc", "Cs", "Co", "Cn"})
+
+
+@dataclass(frozen=True)
+class FormatVerdict:
+    ok: bool
+    failed: list[str] = field(default_factory=list)
+
+
+def _merge(segments: Sequence[Segment]) -> list[Segment]:
+    # Adjacent segments of one source are one run of text: a tag may straddle the boundary.
+    out: list[Segment] = []
+    for s in segments:
+        if out and out[-1].source == s.source:
+            out[-1] = Segment(out[-1].text + s.text, s.source)
+        elif s.text:
+            out.append(Segment(s.text, s.source))
+    return out
+
+
+def policy_view(segments: Sequence[Segment], tags: TagSet = DEFAULT_TAGS) -> str:
+    """The response as the policy shaped it: each environment block collapsed to an empty
+    documents block, so its contents (which may hold anything) never count as policy text."""
+    placeholder = tags.docs_open + tags.docs_close
+    return "".join(s.text if s.source == "policy" else placeholder for s in _merge(segments))
+
+
+def is_garbled(text: str) -> bool:
+    """
+    >>> is_garbled("plain text\\n\\twith tabs"), is_garbled("bad \\ufffd byte"), is_garbled("bell\\x07")
+    (False, True, True)
+    """
+    return any(
+        ch == "\ufffd" or (unicodedata.category(ch) in _BAD_CATEGORIES and ch not in "\n\t\r")
+        for ch in text
+    )
+
+
+def has_cjk(text: str) -> bool:
+    return _CJK.search(text) is not None
+
+
+def _tag_pattern(tags: TagSet) -> re.Pattern:
+    # Longest first so a tag that prefixes another can never shadow it.
+    return re.compile(
+        "|".join(re.escape(t) for t in sorted(set(tags.all_tags()), key=len, reverse=True))
+    )
+
+
+def _queries_ok(view: str, tags: TagSet) -> bool:
+    in_query, start = False, 0
+    for m in _tag_pattern(tags).finditer(view):
+        tag = m.group(0)
+        if tag == tags.query_open:
+            if in_query:
+                return False
+            in_query, start = True, m.end()
+        elif tag == tags.query_close:
+            if not in_query or not view[start : m.start()].strip():
+                return False
+            in_query = False
+        elif in_query:
+            return False
+    return not in_query
+
+
+def _structure_failures(view: str, tags: TagSet, think_opened_in_prompt: bool) -> list[str]:
+    failed = []
+    found = [(m.group(0), m.start(), m.end()) for m in _tag_pattern(tags).finditer(view)]
+    think = [t for t in found if t[0] in (tags.think_open, tags.think_close)]
+    expected = [tags.think_close] if think_opened_in_prompt else [tags.think_open, tags.think_close]
+    think_ok = [t[0] for t in think] == expected
+    if think_ok and not think_opened_in_prompt and view[: think[0][1]].strip():
+        think_ok = False
+    if not think_ok:
+        failed.append("think")
+    opens = [t for t in found if t[0] == tags.answer_open]
+    closes = [t for t in found if t[0] == tags.answer_close]
+    answer_ok = len(opens) == 1 and len(closes) == 1 and opens[0][2] <= closes[0][1]
+    if answer_ok:
+        answer_ok = (
+            bool(view[opens[0][2] : closes[0][1]].strip()) and not view[closes[0][2] :].strip()
+        )
+    if answer_ok and think_ok:
+        answer_ok = think[-1][2] <= opens[0][1] and not view[think[-1][2] : opens[0][1]].strip()
+    if not answer_ok:
+        failed.append("answer")
+    return failed
+
+
+def check_segments(
+    segments: Sequence[Segment],
+    tags: TagSet = DEFAULT_TAGS,
+    *,
+    question: str = "",
+    think_opened_in_prompt: bool = True,
+    max_answer_words: int | None = None,
+) -> FormatVerdict:
+    """The format check on response segments; see the module docstring for the rules.
+
+    >>> ok = [Segment(" Look it up. <|begin_of_query|>Quellbridge river<|end_of_query|>", "policy"),
+    ...       Segment("\\n\\n<|begin_of_documents|>\\n(1)Title: Quellbridge Text: On the Tessaly.\\n<|end_of_documents|>\\n\\n", "env"),
+    ...       Segment("It is the Tessaly.</think>\\n\\n<answer>Tessaly</answer>", "policy")]
+    >>> check_segments(ok)
+    FormatVerdict(ok=True, failed=[])
+    >>> forged = [Segment("<|begin_of_documents|>made up<|end_of_documents|></think><answer>x</answer>", "policy")]
+    >>> check_segments(forged).failed
+    ['forged_documents']
+    """
+    merged = _merge(segments)
+    view = policy_view(merged, tags)
+    policy_text = "".join(s.text for s in merged if s.source == "policy")
+    failed = _structure_failures(view, tags, think_opened_in_prompt)
+    if is_garbled(policy_text):
+        failed.append("garbled")
+    if has_cjk(policy_text) and not has_cjk(question):
+        failed.append("script")
+    if not _queries_ok(view, tags):
+        failed.append("query")
+    if any(
+        tags.docs_open in s.text or tags.docs_close in s.text
+        for s in merged
+        if s.source == "policy"
+    ):
+        failed.append("forged_documents")
+    answer = extract_answer(view, tags)
+    if answer is not None:
+        if _tag_pattern(tags).search(answer):
+            failed.append("answer_tags")
+        if max_answer_words is not None and len(answer.split()) > max_answer_words:
+            failed.append("answer_length")
+    return FormatVerdict(ok=not failed, failed=failed)
+
+
+def check_format(
+    traj: Trajectory,
+    tags: TagSet = DEFAULT_TAGS,
+    *,
+    think_opened_in_prompt: bool = True,
+    max_answer_words: int | None = None,
+) -> FormatVerdict:
+    """`check_segments` on a trajectory; the question decides whether CJK text is foreign."""
+    return check_segments(
+        traj.segments,
+        tags,
+        question=traj.question,
+        think_opened_in_prompt=think_opened_in_prompt,
+        max_answer_words=max_answer_words,
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Stage rewards
+
+
+class RewardConfig(StrictModel):
+    """Reward magnitudes. Defaults are the paper's table (SPEC §3); the authors' code differs in
+    places (e.g. Stage 1 adds +0.5 for retrieval only when the format is right), so each is here."""
+
+    stage: str = "stage2"
+    """Reward stage: `stage1` (R_retrieve + R_format: learn to call search) or `stage2`
+    (R_answer + R_format: learn to use the results). `1` and `2` are accepted too. Single-stage
+    runs (the skip-Stage-1 ablation) use stage2, hence the default."""
+    answer_metric: str = "f1"
+    """R_answer metric: `f1` (paper default; avg CEM 60.6 in its Table 5), `cem` (59.5; invites
+    long answers), `em` (39.7; sparse signal), or `cem_substr` (substring cover)."""
+    retrieve_hit: float = 1.0
+    """Stage-1 R_retrieve when the rollout searched at least once (paper: +1; authors' code: +0.5)."""
+    retrieve_miss: float = -1.0
+    """Stage-1 R_retrieve when it never searched (paper: -1; authors' code: 0)."""
+    retrieve_requires_format: bool = False
+    """Pay retrieve_hit only when the format check passes too (the authors' code does)."""
+    format_ok_stage1: float = 1.0
+    """Stage-1 R_format for a correct format (paper: +1)."""
+    format_bad_stage1: float = -1.0
+    """Stage-1 R_format for a format violation (paper: -1)."""
+    stage1_answer_weight: float = 0.0
+    """Weight of the answer metric added in Stage 1 (paper: 0; the authors' code keeps the answer
+    reward in Stage 1, i.e. 1.0)."""
+    format_ok_stage2: float = 0.0
+    """Stage-2 R_format for a correct format (paper: 0, so the answer is the main signal)."""
+    format_bad_stage2: float = -2.0
+    """Stage-2 R_format for a violation (paper: -2, a strong penalty against format collapse)."""
+    answer_weight: float = 1.0
+    """Weight of R_answer in Stage 2 (paper: 1)."""
+    answer_requires_format: bool = False
+    """Zero R_answer when the format check fails (stops a malformed rollout from earning credit)."""
+    max_answer_words: int | None = Field(default=None, ge=1)
+    """Format rule `answer_length`: answers longer than this many words fail (authors' code: 10;
+    paper: no cap). None = no cap."""
+
+    @field_validator("stage", mode="before")
+    @classmethod
+    def _stage_name(cls, v):
+        name = f"stage{v}" if isinstance(v, int) or str(v).isdigit() else str(v)
+        REWARD_STAGES.get(name)
+        return name
+
+    @field_validator("answer_metric")
+    @classmethod
+    def _metric_name(cls, v: str) -> str:
+        ANSWER_METRICS.get(v)
+        return v
+
+
+@dataclass(frozen=True)
+class RewardBreakdown:
+    """One trajectory's reward and its parts (all logged; `total` is what the trainer uses)."""
+
+    total: float
+    retrieve: float
+    format: float
+    answer: float
+    format_ok: bool
+    failed_rules: list[str]
+    answer_score: float  # the raw answer metric, reported in both stages
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# (format_ok, n_searches, answer_score, cfg) -> (R_retrieve, R_format, R_answer)
+StageReward = Callable[[bool, int, float, RewardConfig], tuple[float, float, float]]
+REWARD_STAGES: Registry[StageReward] = Registry("reward stage")
+
+
+@REWARD_STAGES.register("stage1")
+def stage1_reward(
+    format_ok: bool, n_searches: int, answer_score: float, cfg: RewardConfig
+) -> tuple[float, float, float]:
+    """Stage 1: learn to call search.
+
+    >>> stage1_reward(True, 2, 0.0, RewardConfig(stage=1)), stage1_reward(False, 0, 1.0, RewardConfig(stage=1))
+    ((1.0, 1.0, 0.0), (-1.0, -1.0, 0.0))
+    """
+    searched = n_searches >= 1 and (format_ok or not cfg.retrieve_requires_format)
+    retrieve = cfg.retrieve_hit if searched else cfg.retrieve_miss
+    fmt = cfg.format_ok_stage1 if format_ok else cfg.format_bad_stage1
+    return retrieve, fmt, cfg.stage1_answer_weight * answer_score
+
+
+@REWARD_STAGES.register("stage2")
+def stage2_reward(
+    format_ok: bool, n_searches: int, answer_score: float, cfg: RewardConfig
+) -> tuple[float, float, float]:
+    """Stage 2: learn to use the results.
+
+    >>> stage2_reward(True, 1, 0.5, RewardConfig()), stage2_reward(False, 1, 0.5, RewardConfig())
+    ((0.0, 0.0, 0.5), (0.0, -2.0, 0.5))
+    """
+    fmt = cfg.format_ok_stage2 if format_ok else cfg.format_bad_stage2
+    answer = (
+        cfg.answer_weight * answer_score if (format_ok or not cfg.answer_requires_format) else 0.0
+    )
+    return 0.0, fmt, answer
+
+
+def compute_reward(
+    traj: Trajectory,
+    golds: Sequence[str],
+    cfg: RewardConfig,
+    tags: TagSet = DEFAULT_TAGS,
+    *,
+    think_opened_in_prompt: bool = True,
+) -> RewardBreakdown:
+    """The reward of one trajectory under `cfg.stage`.
+
+    The answer is `traj.answer` as the engine recorded it, else the last answer block of the
+    policy's text.
+
+    >>> t = Trajectory("q1", "Which river?", [], [], [], [],
+    ...     [Segment("<|begin_of_query|>river<|end_of_query|>", "policy"),
+    ...      Segment("\\n\\n<|begin_of_documents|>\\n(1)Title: T Text: x\\n<|end_of_documents|>\\n\\n", "env"),
+    ...      Segment("</think><answer>the Tessaly river</answer>", "policy")], n_searches=1)
+    >>> compute_reward(t, ["Tessaly"], RewardConfig(stage=2)).total  # F1: P=1/2, R=1
+    0.6666666666666666
+    >>> compute_reward(t, ["Tessaly"], RewardConfig(stage=1)).total
+    2.0
+    """
+    verdict = check_format(
+        traj,
+        tags,
+        think_opened_in_prompt=think_opened_in_prompt,
+        max_answer_words=cfg.max_answer_words,
+    )
+    prediction = (
+        traj.answer
+        if traj.answer is not None
+        else extract_answer(policy_view(traj.segments, tags), tags)
+    )
+    score = ANSWER_METRICS.get(cfg.answer_metric)(prediction, golds)
+    retrieve, fmt, answer = REWARD_STAGES.get(cfg.stage)(verdict.ok, traj.n_searches, score, cfg)
+    return RewardBreakdown(
+        total=retrieve + fmt + answer,
+        retrieve=retrieve,
+        format=fmt,
+        answer=answer,
+        format_ok=verdict.ok,
+        failed_rules=list(verdict.failed),
+        answer_score=score,
+    )
