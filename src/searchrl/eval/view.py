@@ -1,0 +1,407 @@
+"""`searchrl view PREDICTIONS.jsonl`: one self-contained HTML page to read trajectories by eye.
+
+Reads the records `searchrl eval run` writes (`Trajectory.to_dict()` plus `answers`, `prediction`,
+`method`, optional `scores`, `reward`, `format_ok`, `format_failed`) and training-sample files of
+the same shape. Plain-text records (`response` or the authors' `gen_text_store`) are accepted
+too; their documents blocks are shown as inserted by the environment.
+
+Model output is untrusted text: every string goes through `html.escape` and the page's only markup
+is built here, so a trajectory that writes `<script>` shows it and never runs it.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from searchrl.errors import DataError
+from searchrl.eval.view_assets import CSS, JS
+from searchrl.metrics import answer_scores
+from searchrl.protocol import TAG_PRESETS, get_tags, segments_from_text
+from searchrl.rollout.trajectory import Segment
+
+ENV_LABEL = "inserted by the environment (not trained on)"
+
+
+@dataclass
+class ViewItem:
+    """One trajectory, normalised for display. `correct` is None when there is nothing to grade."""
+
+    line: int
+    question_id: str
+    question: str
+    segments: list[Segment]
+    answers: list[str] = field(default_factory=list)
+    prediction: str | None = None
+    method: str | None = None
+    queries: list[str] = field(default_factory=list)
+    retrieved_ids: list[list[str]] = field(default_factory=list)
+    n_searches: int = 0
+    stop_reason: str | None = None
+    scores: dict[str, float] = field(default_factory=dict)
+    reward: dict | None = None
+    format_ok: bool | None = None
+    format_failed: list[str] = field(default_factory=list)
+
+    @property
+    def correct(self) -> bool | None:
+        if "em" not in self.scores:
+            return None
+        return self.scores["em"] >= 1.0
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading
+
+
+def _text_segments(text: str) -> list[Segment]:
+    # Whichever preset's documents tag the text contains decides how its blocks are found.
+    for name in TAG_PRESETS.names():
+        tags = get_tags(name)
+        if tags.docs_open in text:
+            return segments_from_text(text, tags)
+    return [Segment(text, "policy")] if text else []
+
+
+def _segments(rec: dict, where: str) -> list[Segment]:
+    raw = rec.get("segments")
+    if raw is None:
+        for key in ("response", "gen_text_store"):
+            if isinstance(rec.get(key), str):
+                return _text_segments(rec[key])
+        return []
+    if not isinstance(raw, list):
+        raise DataError(f"{where}: `segments` must be a list of {{text, source}} objects")
+    out = []
+    for j, s in enumerate(raw):
+        if not isinstance(s, dict) or not isinstance(s.get("text"), str):
+            raise DataError(f"{where}: segments[{j}] needs a string `text`")
+        if s.get("source") not in ("policy", "env"):
+            raise DataError(
+                f"{where}: segments[{j}].source is {s.get('source')!r}; use 'policy' or 'env'"
+            )
+        out.append(Segment(s["text"], s["source"]))
+    return out
+
+
+def _str_list(value, name: str, where: str) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list):
+        raise DataError(f"{where}: `{name}` must be a list of strings, got {type(value).__name__}")
+    return [str(v) for v in value]
+
+
+def _item(rec: dict, line: int, where: str) -> ViewItem:
+    answers = _str_list(rec.get("answers", rec.get("golden_answers")), "answers", where)
+    prediction = rec.get("prediction", rec.get("answer"))
+    prediction = None if prediction is None else str(prediction)
+    queries = _str_list(rec.get("queries"), "queries", where)
+    retrieved = rec.get("retrieved_ids") or []
+    if not isinstance(retrieved, list) or not all(isinstance(r, list) for r in retrieved):
+        raise DataError(f"{where}: `retrieved_ids` must be a list (one per query) of id lists")
+    # Gold answers give all four metrics for every record, so page means share one denominator;
+    # scores the record carries win (they may come from a judge or another normalisation).
+    scores = answer_scores(prediction, answers) if answers else {}
+    if isinstance(rec.get("scores"), dict):
+        scores.update(
+            {k: float(v) for k, v in rec["scores"].items() if isinstance(v, (int, float))}
+        )
+    failed = rec.get("format_failed") or []
+    return ViewItem(
+        line=line,
+        question_id=str(rec.get("question_id", rec.get("id", f"line {line}"))),
+        question=str(rec.get("question", "")),
+        segments=_segments(rec, where),
+        answers=answers,
+        prediction=prediction,
+        method=None if rec.get("method") is None else str(rec["method"]),
+        queries=queries,
+        retrieved_ids=[[str(i) for i in r] for r in retrieved],
+        n_searches=int(rec.get("n_searches", len(queries)) or 0),
+        stop_reason=None if rec.get("stop_reason") is None else str(rec["stop_reason"]),
+        scores=scores,
+        reward=rec.get("reward") if isinstance(rec.get("reward"), dict) else None,
+        format_ok=rec.get("format_ok") if isinstance(rec.get("format_ok"), bool) else None,
+        format_failed=[str(f) for f in failed] if isinstance(failed, list) else [str(failed)],
+    )
+
+
+def load_items(path: Path) -> list[ViewItem]:
+    """Every record of a predictions / trajectories JSONL file; DataError names file:line."""
+    if not path.is_file():
+        raise DataError(f"{path} does not exist; pass the predictions.jsonl of `searchrl eval run`")
+    items = []
+    with path.open(encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_no}"
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(
+                    f"{where}: not valid JSON ({exc.msg}, column {exc.colno})"
+                ) from None
+            if not isinstance(rec, dict):
+                raise DataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+            items.append(_item(rec, line_no, where))
+    if not items:
+        raise DataError(f"{path} holds no trajectories (the file is empty)")
+    return items
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, value in d.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flatten(value, name + "/"))
+        else:
+            out[name] = value
+    return out
+
+
+def load_metrics(path: Path) -> dict[str, object] | None:
+    """metrics.json beside `path`, flattened (`a/b` for nested keys); None when absent."""
+    metrics_path = path.parent / "metrics.json"
+    if not metrics_path.is_file():
+        return None
+    try:
+        data = json.loads(metrics_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{metrics_path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+    if not isinstance(data, dict):
+        raise DataError(f"{metrics_path}: expected a JSON object of metric name -> number")
+    return _flatten(data)
+
+
+def computed_metrics(items: Sequence[ViewItem]) -> dict[str, object]:
+    """Means of the per-record scores (over records that have them), searches and format rate."""
+    out: dict[str, object] = {"n": len(items)}
+    graded = [it for it in items if it.scores]
+    names = sorted({k for it in graded for k in it.scores}, key=lambda k: (k != "em", k != "f1", k))
+    for name in names:
+        values = [it.scores[name] for it in graded if name in it.scores]
+        out[name] = sum(values) / len(values)
+    out["n_searches_mean"] = sum(it.n_searches for it in items) / len(items)
+    fmt = [it.format_ok for it in items if it.format_ok is not None]
+    if fmt:
+        out["format_ok_rate"] = sum(fmt) / len(fmt)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Rendering
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _tag_roles() -> dict[str, tuple[str, str]]:
+    # tag string -> (region, "open"|"close"), for every preset, so either preset's files render.
+    roles: dict[str, tuple[str, str]] = {}
+    for name in TAG_PRESETS.names():
+        t = get_tags(name)
+        for region, open_, close in (
+            ("query", t.query_open, t.query_close),
+            ("docs", t.docs_open, t.docs_close),
+            ("think", t.think_open, t.think_close),
+            ("answer", t.answer_open, t.answer_close),
+        ):
+            roles[open_], roles[close] = (region, "open"), (region, "close")
+    return roles
+
+
+_ROLES = _tag_roles()
+_TAG_RE = re.compile("|".join(re.escape(t) for t in sorted(_ROLES, key=len, reverse=True)))
+
+
+def _render_text(text: str, region: str | None) -> tuple[str, str | None]:
+    """Escaped text with tags highlighted and tagged regions wrapped; returns the region open at
+    the end, so a region can continue into the next policy segment."""
+    parts: list[str] = []
+
+    def emit(chunk: str) -> None:
+        if chunk:
+            cls = f' class="r-{region}"' if region else ""
+            parts.append(f"<span{cls}>{_e(chunk)}</span>" if cls else _e(chunk))
+
+    pos = 0
+    for m in _TAG_RE.finditer(text):
+        emit(text[pos : m.start()])
+        kind, edge = _ROLES[m.group(0)]
+        parts.append(f'<span class="tag tag-{kind}">{_e(m.group(0))}</span>')
+        region = kind if edge == "open" else None
+        pos = m.end()
+    emit(text[pos:])
+    return "".join(parts), region
+
+
+def _starts_in_think(segments: Sequence[Segment]) -> bool:
+    # Prompts often end with <think>: the response then closes a block it never opened.
+    policy = "".join(s.text for s in segments if s.source == "policy")
+    first = _TAG_RE.search(policy)
+    return first is not None and _ROLES[first.group(0)] == ("think", "close")
+
+
+def render_response(item: ViewItem) -> str:
+    """The response in order: policy text with tags and regions marked, env text in its own box."""
+    if not item.segments:
+        return '<div class="response"><span class="empty">(no response recorded)</span></div>'
+    region = "think" if _starts_in_think(item.segments) else None
+    env_ids = (
+        item.retrieved_ids
+        if sum(s.source == "env" for s in item.segments) == len(item.retrieved_ids)
+        else None
+    )
+    parts, n_env = [], 0
+    for seg in item.segments:
+        if seg.source == "env":
+            body, _ = _render_text(seg.text, None)
+            ids = ""
+            if env_ids is not None:
+                ids = f' <span class="env-ids">· ids: {_e(", ".join(env_ids[n_env]) or "none")}</span>'
+            n_env += 1
+            parts.append(
+                f'<div class="env"><span class="env-label">{_e(ENV_LABEL)}{ids}</span>'
+                f'<div class="env-text">{body}</div></div>'
+            )
+        else:
+            body, region = _render_text(seg.text, region)
+            parts.append(body)
+    return f'<div class="response">{"".join(parts)}</div>'
+
+
+def _fmt(value: object) -> str:
+    """A metric value as plain (unescaped) text: floats to 4 significant digits."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, (list, tuple)):
+        return json.dumps(value)[:80]
+    return str(value)
+
+
+def _badge(item: ViewItem) -> str:
+    if item.correct is None:
+        return '<span class="badge na">no gold</span>'
+    if item.correct:
+        return '<span class="badge ok">correct</span>'
+    f1 = item.scores.get("f1")
+    extra = f" (F1 {f1:.2f})" if f1 else ""
+    return f'<span class="badge bad">incorrect{_e(extra)}</span>'
+
+
+def render_card(item: ViewItem, index: int) -> str:
+    """One `<article class="card">`; data-correct is 1/0/na and data-searches a count, for the JS."""
+    correct = "na" if item.correct is None else str(int(item.correct))
+    pills = [f'<span class="pill">{_e(item.method)}</span>'] if item.method else []
+    pills.append(
+        f'<span class="pill">{item.n_searches} search{"es" if item.n_searches != 1 else ""}</span>'
+    )
+    if item.stop_reason:
+        pills.append(f'<span class="pill">stop: {_e(item.stop_reason)}</span>')
+    if item.format_ok is not None:
+        fmt = "format ok" if item.format_ok else "format failed: " + ", ".join(item.format_failed)
+        pills.append(f'<span class="pill{"" if item.format_ok else " fmt-bad"}">{_e(fmt)}</span>')
+    facts = [("gold", " | ".join(item.answers) if item.answers else "—")]
+    prediction = "(none)" if item.prediction is None else item.prediction
+    facts.append(("prediction", prediction))
+    if item.scores:
+        facts.append(("scores", " · ".join(f"{k} {_fmt(v)}" for k, v in item.scores.items())))
+    if item.reward:
+        facts.append(
+            ("reward", " · ".join(f"{k} {_fmt(v)}" for k, v in _flatten(item.reward).items()))
+        )
+    dl = "".join(
+        f"<dt>{name}</dt><dd{' class=prediction' if name == 'prediction' else ''}>{_e(value)}</dd>"
+        for name, value in facts
+    )
+    searches = ""
+    if item.queries:
+        rows = []
+        for i, q in enumerate(item.queries):
+            ids = item.retrieved_ids[i] if i < len(item.retrieved_ids) else []
+            codes = (
+                "".join(f"<code>{_e(x)}</code>" for x in ids) or '<span class="empty">no ids</span>'
+            )
+            rows.append(f'<li><span class="query">{_e(q)}</span> → {codes}</li>')
+        searches = f'<ol class="searches">{"".join(rows)}</ol>'
+    return (
+        f'<article class="card" id="t{index}" data-correct="{correct}" '
+        f'data-searches="{item.n_searches}">'
+        f'<div class="card-head"><span class="idx">#{index}</span>'
+        f'<span class="qid">{_e(item.question_id)}</span>{_badge(item)}{"".join(pills)}</div>'
+        f'<h2 class="question">{_e(item.question)}</h2><dl class="facts">{dl}</dl>'
+        f"{render_response(item)}{searches}</article>"
+    )
+
+
+def _metrics_table(metrics: dict[str, object], caption: str) -> str:
+    head = "".join(f"<th>{_e(k)}</th>" for k in metrics)
+    cells = "".join(f"<td>{_e(_fmt(v))}</td>" for v in metrics.values())
+    return (
+        f'<table class="metrics"><caption>{_e(caption)}</caption>'
+        f"<tr>{head}</tr><tr>{cells}</tr></table>"
+    )
+
+
+def render_page(
+    items: Sequence[ViewItem],
+    title: str,
+    metrics: dict[str, object] | None = None,
+    metrics_caption: str = "",
+    total: int | None = None,
+) -> str:
+    """The whole page. `total` is the record count when `items` is a prefix (--limit)."""
+    total = len(items) if total is None else total
+    count = f"{total} trajectories" + (
+        f", showing the first {len(items)}" if total > len(items) else ""
+    )
+    table = _metrics_table(metrics, metrics_caption) if metrics else ""
+    cards = "\n".join(render_card(it, i) for i, it in enumerate(items, start=1))
+    return (
+        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{_e(title)} · searchrl</title><style>{CSS}</style></head>\n"
+        f'<body data-js="off"><header><h1>{_e(title)}</h1><p class="sub">{_e(count)}</p>{table}'
+        '<div class="controls"><input id="filter" type="search" placeholder="filter: any text"'
+        ' aria-label="filter">'
+        '<label><input id="only-incorrect" type="checkbox"> only incorrect</label>'
+        '<label><input id="only-searches" type="checkbox"> only with searches</label>'
+        f'<span id="shown">{len(items)} of {len(items)} shown</span></div></header>\n'
+        f'<main id="cards">\n{cards}\n</main>\n<script>{JS}</script></body></html>\n'
+    )
+
+
+def write_view(predictions: Path, out: Path | None = None, limit: int | None = None) -> Path:
+    """Render `predictions` (JSONL) to `out` (default: same name, .html) and return the path.
+
+    Metrics come from metrics.json beside the file when present, else from the records' scores
+    (all records, even past `limit`).
+    """
+    items = load_items(predictions)
+    metrics = load_metrics(predictions)
+    if metrics is not None:
+        caption = f"metrics.json ({predictions.parent / 'metrics.json'})"
+    else:
+        metrics = computed_metrics(items)
+        caption = f"computed from the {len(items)} records' scores"
+    shown = items[:limit] if limit is not None else items
+    out = out or predictions.with_suffix(".html")
+    page = render_page(shown, predictions.name, metrics, caption, total=len(items))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(page, encoding="utf-8")
+    return out
+
+
+def view_command(file: Path, out: Path | None, limit: int | None) -> None:
+    path = write_view(file, out, limit)
+    print(f"wrote {path}  (open it in a browser: file://{path.resolve()})")

@@ -1,0 +1,234 @@
+"""The trajectory viewer: parsing, escaping, and the page as real headless Chromium renders it."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from searchrl.cli import app
+from searchrl.errors import DataError
+from searchrl.eval.view import ENV_LABEL, load_items, write_view
+from searchrl.rollout.trajectory import Segment, Trajectory
+
+DOCS = (
+    "\n\n<|begin_of_documents|>\n(1)Title: Quellbridge Text: A town on the Tessaly & <Vell>.\n"
+    "<|end_of_documents|>\n\n"
+)
+# Both an inline script and an event-handler attack: either would set data-pwned if injected.
+EVIL = "<script>alert(1)</script><img src=x onerror=\"document.body.dataset.pwned='1'\">"
+
+
+def _records() -> list[dict]:
+    t1 = Trajectory(
+        "q1",
+        "Where is Quellbridge?",
+        [1, 2],
+        [3, 4, 5],
+        [1, 0, 1],
+        [-0.1, 0.0, -0.2],
+        [
+            Segment("Let me search. <|begin_of_query|>Quellbridge town<|end_of_query|>", "policy"),
+            Segment(DOCS, "env"),
+            Segment("It is on the Tessaly.</think>\n<answer>Tessaly</answer>", "policy"),
+        ],
+        queries=["Quellbridge town"],
+        retrieved_ids=[["p7", "p9"]],
+        n_searches=1,
+        answer="Tessaly",
+        stop_reason="answer",
+    ).to_dict()
+    t1.update(
+        answers=["Tessaly"],
+        prediction="Tessaly",
+        method="agent",
+        scores={"em": 1.0, "f1": 1.0},
+        format_ok=True,
+        format_failed=[],
+    )
+    # No token keys, no scores: the viewer must compute them from gold and prediction.
+    t2 = {
+        "question_id": "q2",
+        "question": "Who <b>wrote</b> it?",
+        "segments": [{"text": f"<think>{EVIL}</think><answer>Bob</answer>", "source": "policy"}],
+        "answers": ["Alice"],
+        "prediction": "Bob",
+        "method": "direct",
+        "stop_reason": "answer",
+        "format_ok": False,
+        "format_failed": ["think_closed"],
+    }
+    t3 = {
+        "question_id": "q3",
+        "question": "Which river?",
+        "segments": [
+            {"text": "<search>river</search>", "source": "policy"},
+            {"text": "\n\n<information>\n(1)Title: X Text: y\n</information>\n\n", "source": "env"},
+            {"text": "<answer>Ost river</answer>", "source": "policy"},
+        ],
+        "queries": ["river"],
+        "retrieved_ids": [["p1"]],
+        "n_searches": 1,
+        "answers": ["Vell river"],
+        "prediction": "Ost river",
+        "method": "rag",
+    }
+    return [t1, t2, t3]
+
+
+def _write(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+@pytest.fixture()
+def page(tmp_path) -> Path:
+    return write_view(_write(tmp_path / "predictions.jsonl", _records()))
+
+
+def test_page_escapes_model_output_and_is_self_contained(page):
+    text = page.read_text(encoding="utf-8")
+    assert page.name == "predictions.html"
+    assert "<script>alert(1)" not in text and "<img src=x" not in text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text
+    assert "Who &lt;b&gt;wrote&lt;/b&gt; it?" in text
+    assert text.count("<script>") == 1  # the page's own
+    assert text.count('<article class="card"') == 3
+    # Offline page: no fetched resources of any kind.
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", text)
+    # Computed metrics: EM over the three records is 1/3; F1 of "Ost river" vs "Vell river" is .5.
+    assert "computed from the 3 records" in text
+    assert "<td>0.3333</td><td>0.5</td>" in text
+
+
+def test_load_items_normalises_and_grades(tmp_path):
+    items = load_items(_write(tmp_path / "p.jsonl", _records()))
+    assert [it.correct for it in items] == [True, False, False]
+    assert items[0].scores["em"] == 1.0 and items[0].scores["cem"] == 1.0  # filled from gold
+    assert items[2].scores["f1"] == pytest.approx(0.5)
+    assert [s.source for s in items[0].segments] == ["policy", "env", "policy"]
+    # Plain-text records: documents blocks of either tag preset become env segments.
+    _write(
+        tmp_path / "t.jsonl",
+        [
+            {
+                "question": "q",
+                "response": "<search>a</search>"
+                + DOCS.replace("<|begin_of_documents|>", "<information>").replace(
+                    "<|end_of_documents|>", "</information>"
+                )
+                + "<answer>b</answer>",
+            }
+        ],
+    )
+    (item,) = load_items(tmp_path / "t.jsonl")
+    assert [s.source for s in item.segments] == ["policy", "env", "policy"]
+    assert item.correct is None and item.prediction is None
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        ('{"segments": [{"text": "x", "source": "user"}]}', "segments[0].source"),
+        ('{"segments": "x"}', "must be a list"),
+        ('{"retrieved_ids": ["p1"]}', "retrieved_ids"),
+    ],
+)
+def test_malformed_line_names_file_and_line(tmp_path, line, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(_records()[1]) + "\n\n" + line + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match=rf"bad\.jsonl:3: .*{re.escape(message)}"):
+        load_items(path)
+
+
+def test_metrics_json_limit_and_cli(tmp_path):
+    preds = _write(tmp_path / "predictions.jsonl", _records())
+    (tmp_path / "metrics.json").write_text(json.dumps({"em": 0.125, "hotpotqa": {"f1": 0.5}}))
+    out = tmp_path / "sub" / "v.html"
+    result = CliRunner().invoke(app, ["view", str(preds), "--out", str(out), "--limit", "2"])
+    assert result.exit_code == 0, result.output
+    text = out.read_text(encoding="utf-8")
+    assert "<th>em</th><th>hotpotqa/f1</th>" in text and "<td>0.125</td><td>0.5</td>" in text
+    assert "3 trajectories, showing the first 2" in text
+    assert text.count('<article class="card"') == 2
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(DataError, match="no trajectories"):
+        write_view(empty)
+
+
+# ----------------------------------------------------------------------------------------------
+# Real browser
+
+
+def _chromium() -> str:
+    for name in ("chromium", "chromium-browser"):
+        found = shutil.which(name)
+        if found:
+            return found
+    pytest.skip(
+        "headless Chromium not installed: `apt-get install -y chromium` (Debian package `chromium`)"
+    )
+
+
+def _run_chromium(tmp_path: Path, *args: str) -> str:
+    cmd = [
+        _chromium(),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+        *args,
+    ]
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def _cards(dom: str) -> dict[str, bool]:
+    """card id -> hidden, from Chromium's serialised DOM."""
+    return {
+        m.group(1): "hidden" in m.group(0)
+        for m in re.finditer(r'<article class="card" id="(t\d+)"[^>]*>', dom)
+    }
+
+
+def test_chromium_renders_escapes_and_filters(page, tmp_path):
+    url = page.resolve().as_uri()
+    dom = _run_chromium(tmp_path, "--dump-dom", url + "?q=tessaly")
+    assert 'data-js="ready"' in dom  # the page's own script ran
+    assert "data-pwned" not in dom  # the injected ones did not
+    assert dom.count("<script") == 1 and "<img" not in dom
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in dom
+    # Text filter from ?q= applied on load: only the Tessaly card is left visible.
+    assert _cards(dom) == {"t1": False, "t2": True, "t3": True}
+    assert re.search(r'id="shown">1 of 3 shown<', dom)
+    # Env boxes hold exactly the inserted blocks, labelled as not trained on.
+    env_texts = [
+        html.unescape(re.sub(r"<[^>]+>", "", m))
+        for m in re.findall(r'<div class="env-text">(.*?)</div>', dom, re.DOTALL)
+    ]
+    assert env_texts == [DOCS, "\n\n<information>\n(1)Title: X Text: y\n</information>\n\n"]
+    assert dom.count(ENV_LABEL) == 2
+    assert re.search(r'<span class="r-query">Quellbridge town</span>', dom)
+
+    dom = _run_chromium(tmp_path, "--dump-dom", url + "#incorrect=1&searches=1")
+    assert _cards(dom) == {"t1": True, "t2": True, "t3": False}
+
+    shot = tmp_path / "shot.png"
+    _run_chromium(tmp_path, "--window-size=1000,800", f"--screenshot={shot}", url)
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
