@@ -1,0 +1,194 @@
+"""Build an index folder from passages, and open one as a `Retriever`.
+
+Index kinds live in `INDEX_KINDS` (bm25, dense); each registered class provides
+`build_from(passages, options) -> index` with `save(folder)`, and `load(folder, mmap) -> index`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from searchrl.data.types import Passage
+from searchrl.errors import SearchRLError
+from searchrl.registry import Registry
+from searchrl.retrieval.base import Retriever
+from searchrl.retrieval.store import PassageStore, read_manifest
+
+INDEX_KINDS: Registry[type] = Registry("index kind")
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """Everything a kind may need to build; each kind reads the fields that concern it."""
+
+    embedder: str = "minilm"
+    factory: str = "Flat"
+    batch_size: int = 64
+    progress: bool = True
+
+
+def _register_builtin_kinds() -> None:
+    # Imported here, not at the top: the kinds import this module for the registry.
+    import searchrl.retrieval.bm25
+    import searchrl.retrieval.dense  # noqa: F401
+
+
+def index_kinds() -> list[str]:
+    _register_builtin_kinds()
+    return INDEX_KINDS.names()
+
+
+def build_index(
+    passages: Iterable[Passage],
+    out_dir: Path,
+    kind: str = "bm25",
+    *,
+    embedder: str = "minilm",
+    factory: str = "Flat",
+    batch_size: int = 64,
+    overwrite: bool = False,
+    progress: bool = True,
+    **manifest_fields,
+) -> Path:
+    """Build a `kind` index of `passages` into `out_dir` and return `out_dir`.
+
+    The passages are streamed to disk first, so a corpus larger than RAM can be indexed as
+    long as the index itself fits. Everything is built in a temporary sibling folder that is
+    renamed into place at the end: a crash never leaves a half-built index behind.
+    Extra keyword arguments (e.g. `source="corpus.jsonl"`) are recorded in the manifest.
+    """
+    _register_builtin_kinds()
+    cls = INDEX_KINDS.get(kind)
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise SearchRLError(f"{out_dir} exists and is not a directory; choose another --out")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
+        raise SearchRLError(
+            f"{out_dir} already exists and is not empty; pass --overwrite or choose another --out"
+        )
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".building", dir=out_dir.parent))
+    try:
+        store = PassageStore.write(passages, tmp, progress=progress)
+        options = BuildOptions(
+            embedder=embedder, factory=factory, batch_size=batch_size, progress=progress
+        )
+        index = cls.build_from(store, options)
+        index.save(tmp, **manifest_fields)
+        index.close()
+        _swap_into_place(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def _swap_into_place(new: Path, target: Path) -> None:
+    if not target.exists():
+        os.rename(new, target)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
+    os.rename(target, old / target.name)
+    os.rename(new, target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def open_index(path: Path, *, mmap: bool = True) -> Retriever:
+    """Open an index folder written by `build_index` (or an index's `save`) as a `Retriever`."""
+    path = Path(path)
+    manifest = read_manifest(path)
+    _register_builtin_kinds()
+    return INDEX_KINDS.get(manifest["kind"]).load(path, mmap=mmap)
+
+
+# --- command bodies (`searchrl index ...`) ---------------------------------------------
+
+
+def build_command(
+    corpus: Path,
+    out: Path,
+    kind: str,
+    fmt: str,
+    chunk_words: int,
+    embedder: str,
+    factory: str,
+    batch_size: int,
+    overwrite: bool,
+) -> None:
+    """`searchrl index build`: read a corpus file, build, print what was built."""
+    import sys
+    import time
+    import warnings
+
+    from rich.console import Console
+    from tqdm.auto import tqdm
+
+    from searchrl.retrieval.corpus import CorpusWarning, detect_format, read_passages
+
+    started = time.perf_counter()
+    fmt = detect_format(Path(corpus)) if fmt == "auto" and Path(corpus).is_file() else fmt
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", CorpusWarning)
+        # One plain line per corpus warning, printed above the progress bar rather than through it.
+        warnings.showwarning = lambda message, *_args, **_kw: tqdm.write(
+            f"warning: {message}", file=sys.stderr
+        )
+        build_index(
+            read_passages(Path(corpus), fmt, chunk_words),
+            Path(out),
+            kind,
+            embedder=embedder,
+            factory=factory,
+            batch_size=batch_size,
+            overwrite=overwrite,
+            source=str(corpus),
+            format=fmt,
+            chunk_words=chunk_words,
+        )
+    manifest = read_manifest(Path(out))
+    what = kind if kind == "bm25" else f"{kind}, {embedder}, {factory}"
+    Console().print(
+        f"indexed {manifest['count']:,} passages from {corpus} into {out} ({what}) "
+        f"in {time.perf_counter() - started:.1f}s",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def search_command(index_dir: Path, query: str, k: int, as_json: bool) -> None:
+    """`searchrl index search`: one query, a table (or JSON) of the top-k passages."""
+    import json
+
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    retriever = open_index(Path(index_dir))
+    try:
+        (hits,) = retriever.search([query], k)
+    finally:
+        retriever.close()
+    if as_json:
+        print(json.dumps([p.to_dict() for p in hits], ensure_ascii=False, indent=2))
+        return
+    console = Console()
+    if not hits:
+        console.print("no passages matched" + ("" if query.strip() else " (the query is blank)"))
+        return
+    table = Table(
+        "#", "score", "title", "text", title=f"{query!r} in {index_dir}", show_lines=False
+    )
+    for rank, p in enumerate(hits, 1):
+        snippet = p.text if len(p.text) <= 160 else p.text[:157] + "..."
+        table.add_row(
+            str(rank),
+            f"{p.score:.3f}",
+            f"{escape(p.title)} [dim]({escape(p.id)})[/]",
+            escape(snippet),
+        )
+    console.print(table)
