@@ -1,0 +1,218 @@
+"""Losses of the policy update (SPEC §4): PPO clipped surrogate, KL to the reference, entropy.
+
+Notation for tensor shapes:
+    B  rollouts in the batch (prompts × samples per prompt)
+    T  padded response length
+    V  vocabulary size
+    mask [B, T]  the loss mask: 1 = token sampled by the policy, 0 = token inserted by the
+                 environment (documents block and its tags) or padding.
+
+R1-Searcher (Song et al. 2025, arXiv:2503.05592) trains with the PPO clipped ratio loss
+(Schulman et al. 2017, arXiv:1707.06347) and averages token losses over policy tokens only:
+the loss mask applies wherever a token sum appears (policy loss, KL, entropy, whitening).
+
+Every function is pure. Masked positions are removed with `torch.where`, never by multiplying
+by the mask: padding may hold -inf log-probs, and `0 * inf` is NaN in the value and the gradient.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from searchrl.registry import Registry
+
+# --- masked reductions -------------------------------------------------------------------
+
+
+def _keep(x: Tensor, mask: Tensor) -> Tensor:  # [B, T] -> [B, T]
+    """`x` at policy tokens, exactly 0 elsewhere (also 0 gradient, even where x is inf/NaN)."""
+    return torch.where(mask.bool(), x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Sum of `x` [B, T] over positions where `mask` [B, T] is 1 (all of them, or along `dim`)."""
+    kept = _keep(x, mask)
+    return kept.sum() if dim is None else kept.sum(dim)
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean of `x` [B, T] over mask == 1; an empty mask (or an empty row along `dim`) gives 0."""
+    count = mask.bool().sum() if dim is None else mask.bool().sum(dim)
+    return masked_sum(x, mask, dim) / count.clamp(min=1).to(x.dtype)
+
+
+def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-6) -> Tensor:  # [B, T] -> [B, T]
+    """(x − mean) / (std + eps) with token-weighted mean and biased std over mask == 1.
+
+    As OpenRLHF whitens Reinforce++ advantages: every policy token counts once, so a long
+    rollout weighs more than a short one. Masked positions come out 0; an empty mask gives
+    all zeros; a constant `x` gives zeros (std = 0, the eps keeps it finite).
+    """
+    mean = masked_mean(x, mask)
+    var = masked_mean((x - mean) ** 2, mask)
+    return _keep((x - mean) / (var.sqrt() + eps), mask)
+
+
+# --- aggregation of token losses ---------------------------------------------------------
+
+Aggregation = Callable[[Tensor, Tensor], Tensor]  # (loss [B, T], mask [B, T]) -> scalar
+LOSS_AGGREGATIONS: Registry[Aggregation] = Registry("loss aggregation")
+
+
+@LOSS_AGGREGATIONS.register("token-mean")
+def token_mean(loss: Tensor, mask: Tensor) -> Tensor:
+    """Mean over all policy tokens of the batch (R1-Searcher/OpenRLHF; DAPO's choice too)."""
+    return masked_mean(loss, mask)
+
+
+@LOSS_AGGREGATIONS.register("seq-mean-token-mean")
+def seq_mean_token_mean(loss: Tensor, mask: Tensor) -> Tensor:
+    """Mean over rollouts of each rollout's mean over its policy tokens (the GRPO paper's form).
+
+    Rollouts without a policy token are left out of the outer mean instead of counting as 0.
+    """
+    per_seq = masked_mean(loss, mask, dim=-1)  # [B]
+    has_tokens = mask.bool().any(dim=-1)  # [B]
+    return masked_mean(per_seq, has_tokens)
+
+
+# --- policy loss ---------------------------------------------------------------------------
+
+
+def policy_loss(
+    logp: Tensor,  # [B, T] log-probs of the sampled tokens under the policy being trained
+    old_logp: Tensor,  # [B, T] the same under the policy that sampled them
+    advantages: Tensor,  # [B, T]
+    mask: Tensor,  # [B, T]
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+    agg: str = "token-mean",
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO clipped surrogate (Schulman et al. 2017, eq. 7) as a loss to minimise.
+
+    ratio = exp(logp − old_logp); pg_loss1 = −A·ratio; pg_loss2 = −A·clip(ratio, 1 − ε, 1 + ε_high);
+    the token loss is max(pg_loss1, pg_loss2), aggregated over policy tokens by `agg` (a name in
+    `LOSS_AGGREGATIONS`). `clip_eps_high` (DAPO's clip-higher, arXiv:2503.14476) defaults to
+    `clip_eps`. R1-Searcher uses ε = 0.2.
+
+    Returns the scalar loss and detached stats over policy tokens:
+    `clip_frac` (share of tokens whose clipped branch won, so they get no gradient),
+    `approx_kl` (k3 estimate of KL(old ‖ new): (ratio − 1) − log ratio, as in CleanRL),
+    `ratio_mean`.
+    """
+    aggregate = LOSS_AGGREGATIONS.get(agg)
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    # Zero the log-ratio before exp: exp of a masked padding difference could overflow and
+    # turn the (otherwise zero) gradient into NaN.
+    log_ratio = _keep(logp - old_logp, mask)  # [B, T]
+    ratio = torch.exp(log_ratio)  # [B, T]
+    pg_loss1 = -advantages * ratio
+    pg_loss2 = -advantages * torch.clamp(ratio, 1.0 - clip_eps, 1.0 + high)
+    pg_loss = torch.maximum(pg_loss1, pg_loss2)  # [B, T]
+    loss = aggregate(pg_loss, mask)
+    with torch.no_grad():
+        stats = {
+            "clip_frac": masked_mean((pg_loss2 > pg_loss1).to(logp.dtype), mask),
+            "approx_kl": masked_mean((ratio - 1.0) - log_ratio, mask),
+            "ratio_mean": masked_mean(ratio, mask),
+        }
+    return loss, stats
+
+
+# --- KL to the reference model -------------------------------------------------------------
+# Schulman, "Approximating KL divergence" (2020): with samples from the policy and
+# d = logp − ref_logp, k1 = d (unbiased, can be negative), k2 = d²/2 (biased, low variance),
+# k3 = exp(−d) + d − 1 (unbiased for KL(π ‖ ref), never negative).
+
+KLEstimator = Callable[[Tensor], Tensor]  # log-ratio d = logp − ref_logp [B, T] -> [B, T]
+KL_ESTIMATORS: Registry[KLEstimator] = Registry("KL estimator")
+
+
+@KL_ESTIMATORS.register("k1")
+def _k1(d: Tensor) -> Tensor:
+    return d
+
+
+@KL_ESTIMATORS.register("k2")
+def _k2(d: Tensor) -> Tensor:
+    return 0.5 * d**2
+
+
+@KL_ESTIMATORS.register("k3")
+def _k3(d: Tensor) -> Tensor:
+    # expm1 keeps precision when the policy is still close to the reference (d ≈ 0).
+    return torch.expm1(-d) + d
+
+
+def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str = "k1") -> Tensor:  # [B, T] -> [B, T]
+    """Per-token KL estimate between the policy (`logp` [B, T]) and the reference (`ref_logp`).
+
+    `kind` is "k1" (logp − ref), "k2" ((logp − ref)²/2) or "k3" (exp(ref − logp) − (ref − logp) − 1,
+    never negative). R1-Searcher uses k1 as a reward penalty (`advantages.kl_penalized_token_rewards`)
+    or k3 as a loss term (`kl_loss`).
+    """
+    return KL_ESTIMATORS.get(kind)(logp - ref_logp)
+
+
+def kl_loss(
+    logp: Tensor,  # [B, T]
+    ref_logp: Tensor,  # [B, T]
+    mask: Tensor,  # [B, T]
+    kind: str = "k3",
+    agg: str = "token-mean",
+) -> Tensor:
+    """KL to the reference as a loss term: `kl_penalty` aggregated over policy tokens (scalar).
+
+    The loss is added as `kl_coef · kl_loss` (GRPO, arXiv:2402.03300 eq. 3, uses k3).
+    """
+    kl = kl_penalty(_keep(logp, mask), _keep(ref_logp, mask), kind)  # 0 at masked tokens
+    return LOSS_AGGREGATIONS.get(agg)(kl, mask)
+
+
+# --- entropy and log-probs from logits -----------------------------------------------------
+
+
+def _chunks(length: int, chunk_size: int | None) -> list[slice]:
+    step = max(chunk_size or length, 1)
+    return [slice(i, i + step) for i in range(0, length, step)] or [slice(0, 0)]
+
+
+def _upcast(z: Tensor) -> Tensor:
+    # A bf16/fp16 logsumexp over a large vocabulary loses about two digits.
+    return z.float() if z.dtype in (torch.float16, torch.bfloat16) else z
+
+
+def entropy_from_logits(logits: Tensor, chunk_size: int | None = None) -> Tensor:
+    """Entropy of softmax(`logits` [B, T, V]) at each position -> [B, T], in float32 or wider.
+
+    H = logsumexp(z) − Σ softmax(z)·z, which never takes the log of a 0 probability.
+    `chunk_size` bounds the [B, chunk, V] temporaries by working over T in slices.
+    """
+    out = []
+    for sl in _chunks(logits.shape[1], chunk_size):
+        z = _upcast(logits[:, sl])
+        out.append(torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(-1))
+    return torch.cat(out, dim=1)
+
+
+def masked_entropy(logits: Tensor, mask: Tensor, chunk_size: int | None = None) -> Tensor:
+    """Mean entropy over policy tokens (scalar); `logits` [B, T, V], `mask` [B, T]."""
+    return masked_mean(entropy_from_logits(logits, chunk_size), mask)
+
+
+def token_logprobs(logits: Tensor, labels: Tensor, chunk_size: int | None = None) -> Tensor:
+    """log softmax(`logits` [B, T, V])[labels] -> [B, T], in float32 or wider.
+
+    `labels` [B, T] must already be aligned with `logits` (for a causal LM: logits[:, :-1]
+    against ids[:, 1:]). Gathers one logit and subtracts logsumexp instead of materialising
+    the full [B, T, V] log_softmax; bf16/fp16 logits are upcast to float32 per chunk.
+    """
+    out = []
+    for sl in _chunks(logits.shape[1], chunk_size):
+        z = _upcast(logits[:, sl])
+        picked = z.gather(-1, labels[:, sl].unsqueeze(-1)).squeeze(-1)
+        out.append(picked - torch.logsumexp(z, dim=-1))
+    return torch.cat(out, dim=1)
