@@ -1,0 +1,243 @@
+"""`HttpRetriever`: a `Retriever` backed by a retrieval server (ours, R1-Searcher's or Search-R1's).
+
+One keep-alive connection pool, batches split to the server's limit, connection errors and 5xx
+answers retried with exponential backoff, then `RetrievalUnavailable` with what to do.
+
+The transport is the standard library's `http.client`, not httpx: on a 64-query batch (a
+~170 KB answer) httpx spent 1.2 ms of CPU per request against 0.4 ms here, which was a fifth of
+the whole HTTP overhead next to an in-process BM25 search (bench/retrieval.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import queue
+import re
+import time
+from urllib.parse import SplitResult, urlsplit
+
+from pydantic_core import from_json, to_json
+from typing_extensions import Self
+
+from searchrl.data.types import Passage
+from searchrl.errors import RetrievalUnavailable, SearchRLError
+from searchrl.retrieval.base import Retriever
+
+# api name -> (endpoint path, name of the `k` field in the request)
+APIS = {
+    "native": ("/search", "k"),
+    "r1searcher": ("/queries", "k"),
+    "search-r1": ("/retrieve", "topk"),
+}
+_R1_STRING = re.compile(r"^(?:(\d+)\s+)?Title:\s?(.*?) Text:\s?(.*)$", re.DOTALL)
+
+
+class HttpRetriever(Retriever):
+    """Search through a running retrieval server.
+
+    `url` is the server root (`http://127.0.0.1:8000`) or a full endpoint URL whose path is one
+    of `/search`, `/queries`, `/retrieve` (as Search-R1 configs write it).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        timeout: float = 30.0,
+        retries: int = 3,
+        backoff: float = 0.5,
+        max_batch: int = 512,
+        api: str = "native",
+    ) -> None:
+        if api not in APIS:
+            raise SearchRLError(f"unknown retrieval api {api!r}; choose one of: {', '.join(APIS)}")
+        if max_batch < 1 or retries < 0:
+            raise SearchRLError(
+                f"HttpRetriever needs max_batch >= 1 and retries >= 0 (got {max_batch}, {retries})"
+            )
+        path, self._k_field = APIS[api]
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise SearchRLError(
+                f"retrieval url {url!r} is not an http(s) URL, e.g. http://127.0.0.1:8000"
+            )
+        self.url = (
+            url.rstrip("/") if parts.path.rstrip("/").endswith(path) else url.rstrip("/") + path
+        )
+        self.api = api
+        self.retries = retries
+        self.backoff = backoff
+        self.max_batch = max_batch
+        self._pool = _Connections(urlsplit(self.url), timeout)
+
+    def search(self, queries: list[str], k: int) -> list[list[Passage]]:
+        out: list[list[Passage]] = [[] for _ in queries]
+        # Blank queries never reach the server: their answer is [] by the Retriever promise.
+        todo = [i for i, q in enumerate(queries) if q and q.strip()]
+        for start in range(0, len(todo), self.max_batch):
+            idx = todo[start : start + self.max_batch]
+            for i, passages in zip(idx, self._request([queries[i] for i in idx], k), strict=True):
+                out[i] = passages
+        return out
+
+    def _request(self, queries: list[str], k: int) -> list[list[Passage]]:
+        body = {"queries": queries, self._k_field: k}
+        if self.api == "search-r1":
+            body["return_scores"] = True
+        last = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(self.backoff * 2 ** (attempt - 1))
+            try:
+                status, content = self._pool.post(to_json(body))
+            except (OSError, http.client.HTTPException) as exc:  # refused, reset, timed out, ...
+                last = f"{type(exc).__name__}: {exc}"
+                continue
+            if status >= 500:
+                last = f"HTTP {status}: {_detail(content)}"
+                continue
+            if status >= 400:
+                raise SearchRLError(
+                    f"retrieval server {self.url} rejected the request (HTTP {status}): {_detail(content)}"
+                )
+            try:
+                data = from_json(content)
+            except ValueError:
+                raise SearchRLError(
+                    f"retrieval server {self.url} answered HTTP {status} with non-JSON: {content[:200]!r}"
+                ) from None
+            results = self._parse(data)
+            if len(results) != len(queries):
+                raise SearchRLError(
+                    f"retrieval server {self.url} answered {len(results)} result lists for {len(queries)} queries; "
+                    f"is api={self.api!r} the right dialect for it?"
+                )
+            return results
+        raise RetrievalUnavailable(
+            f"retrieval server {self.url} did not answer after {self.retries + 1} attempts (last: {last}). "
+            f"Start one with `searchrl serve --index NAME_OR_DIR --port PORT` or fix the URL."
+        )
+
+    def _parse(self, data: dict) -> list[list[Passage]]:
+        try:
+            if self.api == "native":
+                return [
+                    [Passage(d["id"], d["title"], d["text"], d["score"]) for d in ps]
+                    for ps in data["results"]
+                ]
+            if self.api == "r1searcher":
+                n = len(data["answers"])
+                ids = data.get("ids") or [None] * n
+                scores = data.get("scores") or [None] * n
+                return [
+                    _r1_passages(a, i, s)
+                    for a, i, s in zip(data["answers"], ids, scores, strict=True)
+                ]
+            return [[_search_r1_passage(d) for d in ps] for ps in data["result"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SearchRLError(
+                f"retrieval server {self.url} sent an answer that is not the {self.api!r} format ({exc!r}); "
+                f"set api= to the server's dialect (native, r1searcher, search-r1)"
+            ) from None
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Connections:
+    """Keep-alive HTTP/1.1 connections to one endpoint, shared safely between threads: each
+    request takes an idle connection (or opens one) and puts it back when the answer is read."""
+
+    # A pooled connection the server closed while idle (uvicorn drops them after 5 s) fails with
+    # one of these on first use; the request is then resent at once on a fresh connection.
+    _STALE = (
+        http.client.RemoteDisconnected,
+        BrokenPipeError,
+        ConnectionResetError,
+        ConnectionAbortedError,
+    )
+
+    def __init__(self, url: SplitResult, timeout: float) -> None:
+        self._cls = (
+            http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+        )
+        self._host, self._port, self._timeout = url.hostname, url.port, timeout
+        self._path = (url.path or "/") + (f"?{url.query}" if url.query else "")
+        self._idle: queue.SimpleQueue = queue.SimpleQueue()
+
+    def post(self, body: bytes) -> tuple[int, bytes]:
+        """(HTTP status, body) of one POST; OSError / HTTPException when the transport fails."""
+        while True:
+            try:
+                conn, reused = self._idle.get_nowait(), True
+            except queue.Empty:
+                conn, reused = self._cls(self._host, self._port, timeout=self._timeout), False
+            try:
+                conn.request("POST", self._path, body, {"Content-Type": "application/json"})
+                resp = conn.getresponse()
+                content = resp.read()
+            except self._STALE:
+                conn.close()
+                if reused:
+                    continue
+                raise
+            except BaseException:
+                conn.close()
+                raise
+            if resp.will_close:
+                conn.close()
+            else:
+                self._idle.put(conn)
+            return resp.status, content
+
+    def close(self) -> None:
+        while True:
+            try:
+                self._idle.get_nowait().close()
+            except queue.Empty:
+                return
+
+
+def _detail(content: bytes) -> str:
+    """The server's explanation: FastAPI's `detail` (a string, or a list of validation errors)."""
+    try:
+        detail = from_json(content).get("detail", content.decode(errors="replace"))
+    except (ValueError, AttributeError):
+        return content[:500].decode(errors="replace")
+    if isinstance(detail, list):  # pydantic validation errors
+        return "; ".join(
+            f"{'.'.join(map(str, e.get('loc', ())))}: {e.get('msg', e)}" for e in detail
+        )
+    return str(detail)
+
+
+def _stable_id(s: str) -> str:
+    # R1-Searcher's own server sends bare strings; a content hash keeps retrieved-id logs stable.
+    return "h" + hashlib.blake2b(s.encode(), digest_size=8).hexdigest()
+
+
+def _r1_passages(answers: list[str], ids: list[str] | None, scores: list | None) -> list[Passage]:
+    out = []
+    for j, s in enumerate(answers):
+        m = _R1_STRING.match(s)
+        num, title, text = m.groups() if m else (None, "", s)
+        pid = ids[j] if ids else (num or _stable_id(s))
+        out.append(Passage(str(pid), title, text, scores[j] if scores else None))
+    return out
+
+
+def _search_r1_passage(item: dict) -> Passage:
+    doc, score = (item["document"], item.get("score")) if "document" in item else (item, None)
+    if "title" in doc and "text" in doc:  # some FlashRAG corpora keep both fields
+        title, text = doc["title"], doc["text"]
+    else:
+        title, _, text = doc["contents"].partition("\n")
+        if len(title) >= 2 and title[0] == title[-1] == '"':
+            title = title[1:-1]
+    return Passage(str(doc.get("id", _stable_id(doc.get("contents", "")))), title, text, score)

@@ -1,0 +1,440 @@
+"""Retrieval server (three dialects, limits, health) and HttpRetriever (retries, errors, parsing)."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+
+import pytest
+import uvicorn
+from fastapi.testclient import TestClient
+
+from searchrl.data.types import Passage
+from searchrl.errors import RetrievalUnavailable, SearchRLError
+from searchrl.retrieval.base import Retriever
+from searchrl.retrieval.http import HttpRetriever, _r1_passages, _search_r1_passage
+from searchrl.retrieval.server import ServerLimits, create_app
+
+PASSAGES = [
+    Passage("p0", "Paris", "Paris is the capital of France."),
+    Passage("p1", "Berlin", "Berlin is the capital of Germany."),
+    Passage("p2", "Rhine", " The Rhine flows through Germany and the Netherlands."),
+    Passage("p3", 'The "Quoted" Title', "Text with\na newline and Title: inside."),
+    Passage("p4", "", "A passage without a title about France."),
+]
+
+
+class WordOverlap(Retriever):
+    """Ranks by shared lowercase words; ties by id. Records every batch it was asked."""
+
+    kind = "word-overlap"
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def __len__(self) -> int:
+        return len(PASSAGES)
+
+    def search(self, queries: list[str], k: int) -> list[list[Passage]]:
+        self.calls.append(len(queries))
+        out = []
+        for q in queries:
+            words = set(q.lower().split())
+            if not words:
+                out.append([])
+                continue
+            scored = [
+                (len(words & set((p.title + " " + p.text).lower().replace(".", "").split())), p)
+                for p in PASSAGES
+            ]
+            scored.sort(key=lambda t: (-t[0], t[1].id))
+            out.append([Passage(p.id, p.title, p.text, float(s) + 0.5) for s, p in scored[:k]])
+        return out
+
+
+QUERIES = ["capital of France", "Germany river", "quoted title newline"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running(app, keep_alive_s: float = 5):
+    """A real uvicorn server on a free localhost port, in a background thread."""
+    port = free_port()
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="error",
+        access_log=False,
+        timeout_keep_alive=keep_alive_s,
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(5)
+
+
+@pytest.fixture(scope="module")
+def retriever() -> WordOverlap:
+    return WordOverlap()
+
+
+@pytest.fixture(scope="module")
+def limits() -> ServerLimits:
+    return ServerLimits(max_batch=8, max_query_chars=50, max_k=4)
+
+
+@pytest.fixture(scope="module")
+def client(retriever, limits) -> TestClient:
+    return TestClient(create_app(retriever, limits))
+
+
+@pytest.fixture(scope="module")
+def live(retriever, limits):
+    with running(create_app(retriever, limits)) as url:
+        yield url
+
+
+def test_native_endpoint_returns_the_retrievers_passages(client, retriever):
+    r = client.post("/search", json={"queries": QUERIES, "k": 3})
+    assert r.status_code == 200
+    got = [[Passage(**d) for d in ps] for ps in r.json()["results"]]
+    assert got == retriever.search(QUERIES, 3)
+    assert got[0][0].id == "p0" and got[0][0].score == 3.5  # capital, of, france
+
+
+def test_r1searcher_endpoint_uses_title_text_strings(client, retriever):
+    r = client.post("/queries", json={"queries": QUERIES, "k": 2}).json()
+    want = retriever.search(QUERIES, 2)
+    assert r["queries"] == QUERIES
+    assert r["answers"][0][0] == "Title: Paris Text: Paris is the capital of France."
+    assert r["answers"] == [[f"Title: {p.title} Text: {p.text}" for p in ps] for ps in want]
+    assert r["ids"] == [[p.id for p in ps] for ps in want]
+    assert r["scores"] == [[p.score for p in ps] for ps in want]
+
+
+def test_search_r1_endpoint_with_and_without_scores(client, retriever):
+    want = retriever.search(QUERIES, 3)
+    scored = client.post(
+        "/retrieve", json={"queries": QUERIES, "topk": 3, "return_scores": True}
+    ).json()["result"]
+    assert scored == [
+        [{"document": {"id": p.id, "contents": p.contents()}, "score": p.score} for p in ps]
+        for ps in want
+    ]
+    assert scored[0][0]["document"]["contents"] == '"Paris"\nParis is the capital of France.'
+    plain = client.post(
+        "/retrieve", json={"queries": QUERIES, "topk": 3, "return_scores": False}
+    ).json()["result"]
+    assert plain == [[{"id": p.id, "contents": p.contents()} for p in ps] for ps in want]
+
+
+def test_health_reports_kind_and_size(client):
+    assert client.get("/health").json() == {"status": "ok", "kind": "word-overlap", "passages": 5}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "needles"),
+    [
+        (
+            "/search",
+            {"queries": ["a"] * 9, "k": 1},
+            413,
+            ["9 queries", "max_batch=8", "--max-batch"],
+        ),
+        (
+            "/queries",
+            {"queries": ["ok", "x" * 51], "k": 1},
+            413,
+            ["query 1", "51 characters", "max_query_chars=50", "--max-query-chars"],
+        ),
+        ("/retrieve", {"queries": ["a"], "topk": 5}, 422, ["k=5", "max_k=4", "--max-k"]),
+    ],
+)
+def test_limits_answer_4xx_saying_which_limit_and_how_to_raise_it(
+    client, path, body, status, needles
+):
+    r = client.post(path, json=body)
+    assert r.status_code == status
+    for needle in needles:
+        assert needle in r.json()["detail"]
+
+
+def test_misspelt_field_is_rejected_not_defaulted(client):
+    assert client.post("/search", json={"queries": ["a"], "topk": 2}).status_code == 422
+
+
+@pytest.mark.parametrize("api", ["native", "r1searcher", "search-r1"])
+def test_http_retriever_round_trips_every_dialect(live, retriever, api):
+    with HttpRetriever(live, api=api) as http:
+        got = http.search(QUERIES, 3)
+    assert got == retriever.search(
+        QUERIES, 3
+    )  # ids, titles (quotes, empty), texts (newlines, spaces), scores
+
+
+def test_http_retriever_accepts_a_full_endpoint_url(live, retriever):
+    with HttpRetriever(live + "/retrieve", api="search-r1") as http:
+        assert http.url == live + "/retrieve"
+        assert http.search(QUERIES[:1], 2) == retriever.search(QUERIES[:1], 2)
+
+
+def test_http_retriever_splits_big_batches(live, retriever):
+    queries = [f"capital {i}" for i in range(7)]
+    retriever.calls.clear()
+    with HttpRetriever(live, max_batch=3) as http:
+        got = http.search(queries, 2)
+    assert retriever.calls == [3, 3, 1]
+    assert got == retriever.search(queries, 2)
+
+
+def test_blank_queries_get_empty_lists_without_a_request(live, retriever):
+    retriever.calls.clear()
+    with HttpRetriever(live) as http:
+        assert http.search(["", "   ", "\n"], 3) == [[], [], []]
+        assert retriever.calls == []
+        mixed = http.search(["", "capital of France", " "], 1)
+    assert retriever.calls == [1]
+    assert [len(ps) for ps in mixed] == [0, 1, 0] and mixed[1][0].id == "p0"
+
+
+@pytest.mark.parametrize(
+    ("queries", "k", "needle"),
+    [
+        (["q"] * 9, 1, "--max-batch"),
+        (["y" * 60], 1, "--max-query-chars"),
+        (["q"], 10, "--max-k"),
+        (["q"], 0, "k: Input should be greater than or equal to 1"),
+    ],
+)
+def test_http_retriever_raises_the_servers_4xx_detail(live, queries, k, needle):
+    with HttpRetriever(
+        live, max_batch=100, retries=3, backoff=10
+    ) as http:  # 4xx must not be retried
+        start = time.monotonic()
+        with pytest.raises(SearchRLError) as err:
+            http.search(queries, k)
+    assert needle in str(err.value) and "rejected the request" in str(err.value)
+    assert not isinstance(err.value, RetrievalUnavailable)
+    assert time.monotonic() - start < 2
+
+
+def test_unreachable_server_raises_retrieval_unavailable_after_retries():
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    with HttpRetriever(url, retries=2, backoff=0.01, timeout=2) as http:
+        start = time.monotonic()
+        with pytest.raises(RetrievalUnavailable) as err:
+            http.search(["anything"], 3)
+    assert time.monotonic() - start < 2
+    msg = str(err.value)
+    assert url + "/search" in msg and "3 attempts" in msg and "searchrl serve" in msg
+
+
+def test_503_twice_then_success_is_retried(retriever):
+    app = create_app(retriever)
+    seen = []
+
+    @app.middleware("http")
+    async def flaky(request, call_next):
+        seen.append(request.url.path)
+        if len(seen) <= 2:
+            from fastapi.responses import JSONResponse
+
+            return JSONResponse({"detail": "warming up"}, status_code=503)
+        return await call_next(request)
+
+    with running(app) as url, HttpRetriever(url, retries=3, backoff=0.01) as http:
+        got = http.search(QUERIES, 2)
+    assert seen == ["/search"] * 3
+    assert got == retriever.search(QUERIES, 2)
+
+
+def test_persistent_5xx_ends_in_retrieval_unavailable_with_the_detail(retriever):
+    app = create_app(retriever)
+
+    @app.middleware("http")
+    async def broken(request, call_next):
+        from fastapi.responses import JSONResponse
+
+        return JSONResponse({"detail": "index not loaded"}, status_code=500)
+
+    with (
+        running(app) as url,
+        HttpRetriever(url, retries=1, backoff=0.01) as http,
+        pytest.raises(RetrievalUnavailable, match="index not loaded"),
+    ):
+        http.search(["q"], 1)
+
+
+def test_connection_closed_by_the_server_while_idle_is_reopened_transparently(retriever):
+    with (
+        running(create_app(retriever), keep_alive_s=0.1) as url,
+        HttpRetriever(url, retries=0) as http,
+    ):
+        first = http.search(QUERIES, 2)
+        time.sleep(0.4)  # the server drops the idle keep-alive connection
+        assert http.search(QUERIES, 2) == first == retriever.search(QUERIES, 2)
+
+
+def test_one_client_shared_by_threads(live, retriever):
+    queries = [f"capital {w}" for w in ("France", "Germany", "river", "title")] * 5
+    want = retriever.search(queries, 2)
+    with HttpRetriever(live, max_batch=1) as http:
+        got: dict[int, list] = {}
+        threads = [
+            threading.Thread(target=lambda i=i: got.__setitem__(i, http.search(queries, 2)))
+            for i in range(4)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert [got[i] for i in range(4)] == [want] * 4
+
+
+def test_slow_server_times_out_into_retrieval_unavailable(retriever):
+    import asyncio
+
+    app = create_app(retriever)
+
+    @app.middleware("http")
+    async def slow(request, call_next):
+        await asyncio.sleep(0.6)
+        return await call_next(request)
+
+    with running(app) as url, HttpRetriever(url, timeout=0.2, retries=1, backoff=0.01) as http:
+        start = time.monotonic()
+        with pytest.raises(RetrievalUnavailable, match="2 attempts.*timed out"):
+            http.search(["q"], 1)
+        assert time.monotonic() - start < 1.0  # two 0.2 s timeouts, not the server's 0.6 s
+
+
+def test_backend_exception_reaches_the_client_as_a_500_detail():
+    class Broken(Retriever):
+        def search(self, queries, k):
+            raise ValueError("shard 3 unreadable")
+
+    client = TestClient(create_app(Broken()), raise_server_exceptions=False)
+    r = client.post("/search", json={"queries": ["q"], "k": 1})
+    assert r.status_code == 500
+    assert r.json()["detail"] == "backend Broken failed: ValueError: shard 3 unreadable"
+    assert client.get("/health").json() == {"status": "ok", "kind": "Broken", "passages": None}
+
+
+def test_parses_r1searcher_strings_from_the_authors_server():
+    # Their server sends bare corpus lines, sometimes led by a numeric id their rollout strips.
+    got = _r1_passages(
+        ["123 Title: Home Rule League Text:  The Home Rule League was", "Title: A Text: b"],
+        None,
+        None,
+    )
+    assert got[0] == Passage("123", "Home Rule League", " The Home Rule League was")
+    assert (got[1].title, got[1].text, got[1].score) == ("A", "b", None)
+    assert got[1].id == _r1_passages(["Title: A Text: b"], None, None)[0].id  # stable content id
+
+
+def test_parses_flashrag_documents_with_title_and_text_fields():
+    got = _search_r1_passage(
+        {"document": {"id": "7", "contents": '"T"\nx', "title": "T", "text": "x"}, "score": 0.25}
+    )
+    assert got == Passage("7", "T", "x", 0.25)
+    assert _search_r1_passage({"id": "8", "contents": '"Only"\nline one\nline two'}) == Passage(
+        "8", "Only", "line one\nline two"
+    )
+
+
+def test_bad_url_and_api_are_clear_errors():
+    with pytest.raises(SearchRLError, match="not an http"):
+        HttpRetriever("localhost:8000")
+    with pytest.raises(SearchRLError, match="choose one of"):
+        HttpRetriever("http://127.0.0.1:1", api="elastic")
+
+
+@pytest.fixture(scope="module")
+def bm25_dir(tmp_path_factory):
+    from searchrl.retrieval.index import build_index
+
+    return build_index(
+        PASSAGES, tmp_path_factory.mktemp("idx") / "bm25", kind="bm25", progress=False
+    )
+
+
+@pytest.mark.parametrize("api", ["native", "r1searcher", "search-r1"])
+def test_real_bm25_index_served_equals_in_process(bm25_dir, api):
+    from searchrl.retrieval.index import open_index
+    from searchrl.retrieval.server import open_index_or_name
+
+    local = open_index(bm25_dir)
+    queries = ["capital of Germany", "Rhine Netherlands", "", "newline title"]
+    with (
+        running(create_app(open_index_or_name(str(bm25_dir)))) as url,
+        HttpRetriever(url, api=api) as http,
+    ):
+        assert http.search(queries, 3) == local.search(queries, 3)
+        assert http.search(queries, 3)[0][0].id == "p1"
+
+
+def test_serve_command_answers_health_and_search(bm25_dir):
+    import subprocess
+    import sys
+
+    import httpx
+
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "searchrl.cli",
+        "serve",
+        "--index",
+        str(bm25_dir),
+        "--port",
+        str(port),
+        "--max-k",
+        "2",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "searchrl serve did not come up in 60 s"
+            try:
+                health = httpx.get(url + "/health", timeout=1).json()
+                break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        assert health == {"status": "ok", "kind": "bm25", "passages": 5}
+        with HttpRetriever(url) as http:
+            assert http.search(["capital of France"], 2)[0][0].id == "p0"
+            with pytest.raises(SearchRLError, match="max_k=2"):
+                http.search(["capital"], 3)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_serve_command_rejects_a_missing_index_directory(tmp_path):
+    from typer.testing import CliRunner
+
+    from searchrl.cli import app
+
+    result = CliRunner().invoke(app, ["serve", "--index", str(tmp_path / "missing")])
+    assert result.exit_code != 0
+    assert "does not exist" in str(result.exception)
