@@ -30,6 +30,288 @@ err_console = Console(stderr=True)
 # Commands are added below, grouped by sub-app. Keep each body to a few lines.
 
 
+# --- eval score ---
+@eval_app.command("score")
+def eval_score(
+    file: str = typer.Argument(..., help="Predictions file (.jsonl): searchrl, R1-Searcher or FlashRAG records."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object of fractions instead of a table."),
+    judge_url: str | None = typer.Option(
+        None, "--judge-url", help="OpenAI-compatible base URL (…/v1); judges records that have no verdict."
+    ),
+    judge_model: str | None = typer.Option(None, "--judge-model", help="Judge model name (default gpt-4o-mini)."),
+    judged_out: str | None = typer.Option(
+        None, "--judged-out", help="Also write the records with their verdicts here (searchrl jsonl)."
+    ),
+) -> None:
+    """Score a predictions file: EM, F1, cover-EM (token and substring variants), ACC_L."""
+    from pathlib import Path
+
+    from searchrl.eval.score import score_command
+
+    score_command(Path(file), as_json, judge_url, judge_model, Path(judged_out) if judged_out else None)
+
+
+# --- retrieval server ---
+@app.command()
+def serve(
+    index: str = typer.Option(..., help="Index directory (from `searchrl index build`) or a catalog name (toyworld, localwiki)."),
+    host: str = typer.Option("127.0.0.1", help="Interface to bind. The API has no authentication: use 0.0.0.0 only on a trusted network."),
+    port: int = typer.Option(8000, min=1, max=65535, help="TCP port to listen on."),
+    max_batch: int = typer.Option(512, min=1, help="Most queries accepted in one request (larger batches get HTTP 413)."),
+    max_k: int = typer.Option(100, min=1, help="Most passages per query a client may ask for (more gets HTTP 422)."),
+    max_query_chars: int = typer.Option(2000, min=1, help="Longest query accepted, in characters (longer gets HTTP 413)."),
+) -> None:
+    """Serve an index over HTTP: native /search, R1-Searcher /queries, Search-R1 /retrieve, /health."""
+    from searchrl.retrieval import server
+
+    limits = server.ServerLimits(max_batch=max_batch, max_k=max_k, max_query_chars=max_query_chars)
+    server.serve(server.open_index_or_name(index), host=host, port=port, limits=limits)
+
+
+# --- datasets catalog ---
+@data_app.command("list")
+def data_list() -> None:
+    """List the named datasets (with question counts) and the named indexes."""
+    from searchrl.data.catalog import list_command
+
+    list_command()
+
+
+@data_app.command("show")
+def data_show(
+    spec: str = typer.Argument(..., help="Catalog name (see `searchrl data list`), question file path, or hf:NAME[@CONFIG][:SPLIT]."),
+    limit: int = typer.Option(5, "--limit", min=0, help="How many questions to print."),
+) -> None:
+    """Print a dataset's size and its first questions with answers and supporting ids."""
+    from searchrl.data.catalog import show_command
+
+    show_command(spec, limit)
+
+
+@data_app.command("localwiki")
+def data_localwiki(
+    out: str = typer.Option(..., "--out", help="Folder to write corpus.jsonl and the mapped question files into."),
+) -> None:
+    """Build the local Wikipedia corpus from every benchmark paragraph, with mapped supporting ids."""
+    from pathlib import Path
+
+    from searchrl.data.catalog import localwiki_command
+
+    localwiki_command(Path(out))
+
+
+@eval_app.command("retrieval")
+def eval_retrieval(
+    dataset: str = typer.Option("hotpotqa-ircot", "--dataset", help="Dataset with supporting ids (catalog name or file)."),
+    index: str = typer.Option("localwiki", "--index", help="Catalog index name (localwiki, localwiki-dense, toyworld) or index directory."),
+    k: int = typer.Option(5, "-k", "--k", min=1, help="How many passages to retrieve per question."),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="Score only the first N questions."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
+) -> None:
+    """Recall@k of supporting paragraphs when the question itself is the query."""
+    from searchrl.eval.retrieval import retrieval_command
+
+    retrieval_command(dataset, index, k, limit, as_json)
+
+
+# --- models ---
+model_app = typer.Typer(help="Policy models: prepare the offline built-ins once.", no_args_is_help=True)
+app.add_typer(model_app, name="model")
+
+
+@model_app.command("prepare")
+def model_prepare(
+    name: str = typer.Argument("smollm2-135m", help="smollm2-135m, tiny-random, a local folder or a hub id."),
+) -> None:
+    """Convert/cache a model once; print where it lives and its parameter count."""
+    from searchrl.assets import prepare_model
+
+    source, n_params = prepare_model(name)
+    typer.echo(f"{source}\t{n_params:,} parameters")
+
+
+# --- protocol / rewards ---
+@eval_app.command("format-check")
+def eval_format_check(
+    file: str = typer.Argument(..., help="JSONL of trajectories: ours (`segments`), R1-Searcher (`gen_text_store`) or `response` text."),
+    tags: str = typer.Option("r1searcher", "--tags", help="Tag preset the trajectories use: r1searcher or search-r1."),
+    max_answer_words: int | None = typer.Option(None, "--max-answer-words", min=1, help="Also fail answers longer than this (the authors' code: 10)."),
+    think_in_prompt: bool = typer.Option(True, "--think-in-prompt/--think-in-response", help="Whether the prompt ended with <think> (base/chat templates) or the response must open it."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of lines."),
+) -> None:
+    """Share of trajectories passing the format check of the rewards, with failures per rule."""
+    from pathlib import Path
+
+    from searchrl.eval.format_check import format_check_command
+
+    format_check_command(Path(file), tags, max_answer_words, think_in_prompt, as_json)
+
+
+# --- toy world ---
+@data_app.command("toyworld")
+def data_toyworld(
+    out: str = typer.Option(..., "--out", help="Folder to write corpus.jsonl, train.jsonl, test.jsonl and meta.json into."),
+    seed: int | None = typer.Option(None, "--seed", help="Random seed (default 0); same seed and sizes give byte-identical files."),
+    passages: int | None = typer.Option(None, "--passages", help="Target corpus size in ~100-word passages (default 3000)."),
+    train: int | None = typer.Option(None, "--train", help="Number of training questions (default 2000)."),
+    test: int | None = typer.Option(None, "--test", help="Number of test questions, none repeating a training one (default 500)."),
+) -> None:
+    """Generate the fictional encyclopedia and its multi-hop questions; print counts per type."""
+    from pathlib import Path
+
+    from searchrl.data.toyworld.cli import toyworld_command
+
+    toyworld_command(Path(out), seed=seed, passages=passages, train=train, test=test)
+
+
+# --- trajectory viewer ---
+@app.command()
+def view(
+    predictions: str = typer.Argument(..., help="predictions.jsonl of `searchrl eval run` (or sampled training trajectories)."),
+    out: str | None = typer.Option(None, "--out", help="HTML file to write (default: beside the input, same name with .html)."),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="Show only the first N trajectories (metrics still cover all)."),
+) -> None:
+    """Write one self-contained HTML page to read trajectories: tags, queries, env-inserted text."""
+    from pathlib import Path
+
+    from searchrl.eval.view import view_command
+
+    view_command(Path(predictions), Path(out) if out else None, limit)
+
+
+# --- indexes ---
+@index_app.command("build")
+def index_build(
+    corpus: str = typer.Argument(..., help="Corpus file: jsonl {id,title,text}, FlashRAG {id,contents}, KILT jsonl, DPR/KILT TSV, JSON list or title->sentences JSON."),
+    out: str = typer.Option(..., "--out", help="Index directory to create (built in a temp folder, renamed when done)."),
+    kind: str = typer.Option("bm25", "--kind", help="Index kind: bm25 (fast, lexical) or dense (embeddings + FAISS)."),
+    fmt: str = typer.Option("auto", "--format", help="Corpus format: auto, jsonl, flashrag, kilt, tsv, json-list, json-dict."),
+    chunk_words: int = typer.Option(100, "--chunk-words", help="Split longer documents into passages of about this many words; 0 keeps them whole."),
+    embedder: str = typer.Option("minilm", "--embedder", help="Dense only: sentence-transformers model (minilm offline, or a hub id/path such as BAAI/bge-large-en-v1.5)."),
+    factory: str = typer.Option("Flat", "--factory", help="Dense only: FAISS factory string. Flat = exact inner product; HNSW32, IVF4096,PQ64, SQ8 trade recall for memory/speed."),
+    batch_size: int = typer.Option(64, "--batch-size", min=1, help="Dense only: passages per encoder batch."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing non-empty --out directory."),
+) -> None:
+    """Build a BM25 or dense index from a corpus file (long documents chunked into ~100-word passages)."""
+    from pathlib import Path
+
+    from searchrl.retrieval.index import build_command
+
+    build_command(Path(corpus), Path(out), kind, fmt, chunk_words, embedder, factory, batch_size, overwrite)
+
+
+@index_app.command("search")
+def index_search(
+    index_dir: str = typer.Argument(..., help="Index directory written by `searchrl index build`."),
+    query: str = typer.Argument(..., help="The search query."),
+    k: int = typer.Option(5, "-k", "--k", min=1, help="How many passages to return."),
+    as_json: bool = typer.Option(False, "--json", help="Print the passages as a JSON list instead of a table."),
+) -> None:
+    """Search an index with one query and show the top-k passages with their scores."""
+    from pathlib import Path
+
+    from searchrl.retrieval.index import search_command
+
+    search_command(Path(index_dir), query, k, as_json)
+
+
+# --- evaluation runs and ask ---
+@eval_app.command("run")
+def eval_run(
+    method: str | None = typer.Option(None, "--method", help="agent (searches while reasoning), rag (retrieve once with the question) or direct (no retrieval). Default agent."),
+    model: str | None = typer.Option(None, "--model", help="smollm2-135m (default), tiny-random, a local folder or a hub id."),
+    dataset: str | None = typer.Option(None, "--dataset", help="Catalog name (toyworld:test, hotpotqa-ircot, bamboogle, ...), question file or hf:NAME. Default toyworld:test."),
+    index: str | None = typer.Option(None, "--index", help="Catalog index (toyworld, localwiki, localwiki-dense) or index directory."),
+    retriever_url: str | None = typer.Option(None, "--retriever-url", help="Retrieval server URL, instead of --index."),
+    retriever_api: str | None = typer.Option(None, "--retriever-api", help="Server API: native (default), r1searcher or search-r1."),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="Evaluate only the first N questions."),
+    k: int | None = typer.Option(None, "-k", "--k", min=1, help="Passages per search (default 5, the paper's evaluation k)."),
+    tags: str | None = typer.Option(None, "--tags", help="Tag preset: r1searcher (default) or search-r1 (what tiny models follow)."),
+    template: str | None = typer.Option(None, "--template", help="Prompt template: base (default), chat, fewshot, fewshot-chat or a file."),
+    doc_style: str | None = typer.Option(None, "--doc-style", help="Documents lines: r1searcher (default) or title-lines."),
+    max_searches: int | None = typer.Option(None, "--max-searches", min=0, help="Searches per agent rollout (default 8)."),
+    max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", min=1, help="Policy tokens per question, all turns (default 512)."),
+    batch_size: int | None = typer.Option(None, "--batch-size", min=1, help="Questions generated together (default 16)."),
+    dump_tokens: bool | None = typer.Option(None, "--dump-tokens/--no-dump-tokens", help="Write token ids, loss mask and log-probs into predictions.jsonl."),
+    out: str | None = typer.Option(None, "--out", help="Output folder: predictions.jsonl, metrics.json, metrics.md, config.yaml."),
+    config: str | None = typer.Option(None, "--config", help="YAML file of EvalConfig fields; flags given here win over it."),
+    overrides: list[str] = typer.Option([], "--set", help="key=value override of an EvalConfig field (repeatable)."),
+    as_json: bool = typer.Option(False, "--json", help="Print metrics as one JSON object (no progress bar, no table)."),
+) -> None:
+    """Evaluate a model on a dataset (agent | rag | direct); write predictions and metrics."""
+    from searchrl.eval.run import eval_command
+
+    flags = dict(method=method, model=model, dataset=dataset, index=index, retriever_url=retriever_url,
+                 retriever_api=retriever_api, limit=limit, k=k, tags=tags, template=template, doc_style=doc_style,
+                 max_searches=max_searches, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                 dump_tokens=dump_tokens, out=out)
+    eval_command(config, overrides, flags, as_json)
+
+
+@eval_app.command("compare")
+def eval_compare(
+    runs: list[str] = typer.Argument(..., help="Run folders written by `searchrl eval run --out` (or their metrics.json)."),
+    out: str | None = typer.Option(None, "--out", help="Also write the table as Markdown to this file."),
+) -> None:
+    """Compare runs side by side: one row per run, metrics in percent."""
+    from searchrl.eval.compare import compare_command
+
+    compare_command(runs, out)
+
+
+@app.command()
+def ask(
+    question: str = typer.Argument(..., help="The question to answer."),
+    model: str = typer.Option("smollm2-135m", "--model", help="smollm2-135m, tiny-random, a local folder or a hub id."),
+    index: str | None = typer.Option(None, "--index", help="Catalog index or index directory (default toyworld when no --retriever-url)."),
+    retriever_url: str | None = typer.Option(None, "--retriever-url", help="Retrieval server URL, instead of --index."),
+    retriever_api: str = typer.Option("native", "--retriever-api", help="Server API: native, r1searcher or search-r1."),
+    tags: str = typer.Option("r1searcher", "--tags", help="Tag preset: r1searcher or search-r1 (use it with fewshot for SmolLM2-135M)."),
+    template: str = typer.Option("base", "--template", help="Prompt template: base, chat, fewshot, fewshot-chat or a file."),
+    k: int = typer.Option(5, "-k", "--k", min=1, help="Passages per search."),
+    max_searches: int = typer.Option(8, "--max-searches", min=0, help="Most searches served."),
+    max_new_tokens: int = typer.Option(512, "--max-new-tokens", min=1, help="Policy tokens, all turns together."),
+    sample: bool = typer.Option(False, "--sample", help="Sample (temperature 1.0, top-p 0.95) instead of greedy decoding."),
+    seed: int | None = typer.Option(None, "--seed", help="Sampling seed (with --sample)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the whole trajectory as JSON instead of the live view."),
+) -> None:
+    """Answer one question, showing live how the model thinks, searches and answers."""
+    from searchrl.ask import ask as run_ask
+
+    run_ask(question, model=model, index=index, retriever_url=retriever_url, retriever_api=retriever_api, tags=tags,
+            template=template, k=k, max_searches=max_searches, max_new_tokens=max_new_tokens, sample=sample,
+            seed=seed, as_json=as_json)
+
+
+# --- training ---
+@app.command(context_settings={"allow_extra_args": False})
+def train(
+    overrides: list[str] = typer.Argument(None, help="key=value overrides of TrainConfig fields, e.g. stage1.steps=8 algorithm.lr=5e-5."),
+    config: str | None = typer.Option(None, "--config", help="YAML file of TrainConfig fields (configs/demo-cpu.yaml, configs/r1searcher-*.yaml)."),
+    stage: int | None = typer.Option(None, "--stage", min=1, max=2, help="Run only this stage (2 alone: set model= to a Stage-1 checkpoint). Default: both."),
+    resume: str | None = typer.Option(None, "--resume", help="Run directory to continue from its newest complete checkpoint (uses its config.yaml)."),
+    out: str | None = typer.Option(None, "--out", help="Run directory (default: the config's `out`, else runs/train-TIMESTAMP)."),
+) -> None:
+    """Two-stage outcome-based RL (R1-Searcher): Stage 1 learns to search, Stage 2 to use results."""
+    from searchrl.rl.trainer import train_command
+
+    train_command(config, list(overrides or []), stage, resume, out)
+
+
+@app.command()
+def plot(
+    run: str = typer.Argument(..., help="Run directory of `searchrl train` (reads its metrics.jsonl)."),
+    out: str | None = typer.Option(None, "--out", help="Folder for the PNGs (default RUN/plots)."),
+    window: int | None = typer.Option(None, "--window", min=1, help="Moving-average width in steps (default: a tenth of the run)."),
+) -> None:
+    """Draw training curves per stage (reward, length, searches, format-ok, F1) as PNGs."""
+    from pathlib import Path
+
+    from searchrl.eval.plots import plot_command
+
+    plot_command(Path(run), Path(out) if out else None, window)
+
+
 def main() -> None:
     try:
         app()

@@ -1,0 +1,372 @@
+"""Named datasets and indexes, built on first use and cached under `cache_dir()`.
+
+`load_dataset("hotpotqa-ircot")`, `load_dataset("toyworld:train")`, `load_dataset("my.jsonl")`,
+`load_dataset("hf:RUC-NLPIR/FlashRAG_datasets@hotpotqa:dev")`; `open_named_index("localwiki")`.
+Cache writes go to a temporary sibling folder that is renamed into place, so two processes
+building the same thing at once never see half a build (the loser's copy is discarded).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from searchrl.data.loaders import load_questions
+from searchrl.data.types import Question
+from searchrl.errors import DataError, SearchRLError
+from searchrl.paths import cache_dir, find_shared_data, shared_data
+from searchrl.registry import Registry
+
+if TYPE_CHECKING:
+    from searchrl.retrieval.base import Retriever
+
+
+@dataclass(frozen=True)
+class DatasetEntry:
+    name: str
+    description: str
+    source: str  # where it comes from, for people: a file under shared/data or "generated"
+    load: Callable[[], list[Question]]
+    count: Callable[[], int]  # cheap: never builds an index, at most parses one file
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    name: str
+    description: str
+    build: Callable[[Path], None]  # writes the index into the given (empty) folder
+
+
+DATASETS: Registry[DatasetEntry] = Registry("dataset")
+INDEXES: Registry[IndexEntry] = Registry("index")
+
+
+# ---------------------------------------------------------------- cache
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def cached_build(rel: str, build: Callable[[Path], None]) -> Path:
+    """`cache_dir()/rel`, running `build(tmp_dir)` first when it is not there yet."""
+    final = cache_dir() / rel
+    if final.is_dir():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    try:
+        build(tmp)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not final.is_dir():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)  # another process finished first: keep theirs
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def _count_lines(path: Path) -> int:
+    with path.open("rb") as fh:
+        return sum(1 for line in fh if line.strip())
+
+
+# ---------------------------------------------------------------- localwiki
+
+def localwiki_dir() -> Path:
+    """The cached localwiki build (corpus.jsonl, one <dataset>.jsonl per question set)."""
+    from searchrl.data import localwiki
+
+    def build(tmp: Path) -> None:
+        data = shared_data()
+        _log(f"building the localwiki corpus from {data} (first use; cached afterwards) ...")
+        started = time.perf_counter()
+        wiki = localwiki.build(data)
+        localwiki.write(wiki, tmp, data)
+        _log(f"localwiki: {len(wiki.passages)} passages in {time.perf_counter() - started:.1f}s")
+
+    return cached_build(f"datasets/localwiki-v{localwiki.VERSION}", build)
+
+
+def _localwiki_entry(name: str, description: str) -> None:
+    from searchrl.data.localwiki import QUESTION_FILES, VERSION
+
+    files = QUESTION_FILES[name]
+
+    def load() -> list[Question]:
+        return load_questions(localwiki_dir() / f"{name}.jsonl")
+
+    def count() -> int:
+        built = cache_dir() / f"datasets/localwiki-v{VERSION}" / f"{name}.jsonl"
+        if built.is_file():
+            return _count_lines(built)
+        from searchrl.data.loaders import read_records
+
+        ids = {r.question.id for f in files for r in read_records(shared_data() / f) if r.has_context}
+        return len(ids)
+
+    DATASETS.register(name)(DatasetEntry(name, description, " + ".join(files), load, count))
+
+
+_localwiki_entry("hotpotqa-ircot", "HotpotQA dev, IRCoT's 500-question subsample; supporting ids -> localwiki")
+_localwiki_entry("hotpotqa-distractor", "HotpotQA dev, 200 (distractor setting); supporting ids -> localwiki")
+_localwiki_entry("hotpotqa-train", "HotpotQA train, 100 with gold context; supporting ids -> localwiki")
+_localwiki_entry("musique", "MuSiQue dev with gold paragraphs (two files, deduplicated); supporting ids -> localwiki")
+_localwiki_entry("musique-train", "MuSiQue train, 100 with gold paragraphs; supporting ids -> localwiki")
+_localwiki_entry("2wiki", "2WikiMultihopQA dev questions that have context; supporting ids -> localwiki")
+
+
+# ---------------------------------------------------------------- plain question files
+
+def _file_entry(name: str, rel: str, description: str, fmt: str = "auto") -> None:
+    def load() -> list[Question]:
+        return load_questions(shared_data() / rel, fmt, source=name)
+
+    def count() -> int:
+        path = shared_data() / rel
+        if not path.is_file():
+            raise DataError(f"{path}: no such file")
+        return _count_lines(path) if path.suffix == ".jsonl" else len(json.loads(path.read_text("utf-8")))
+
+    DATASETS.register(name)(DatasetEntry(name, description, rel, load, count))
+
+
+_file_entry("bamboogle", "r1-searcher-eval/bamboogle.jsonl", "Bamboogle, all 125 (R1-Searcher eval set)")
+_file_entry("r1s-hotpotqa500", "r1-searcher-eval/hotpotqa_500.jsonl", "HotpotQA dev, R1-Searcher's 500 eval questions")
+_file_entry("r1s-2wiki500", "r1-searcher-eval/2wiki_500.jsonl", "2WikiMultihopQA dev, R1-Searcher's 500 eval questions")
+_file_entry("r1s-musique500", "r1-searcher-eval/musique_500.jsonl", "MuSiQue dev, R1-Searcher's 500 eval questions")
+_file_entry("r1s-stage1", "r1-searcher-train/stage_1.jsonl", "R1-Searcher Stage-1 training set (Medium questions)")
+_file_entry("r1s-stage2", "r1-searcher-train/stage_2.jsonl", "R1-Searcher Stage-2 training set (Medium + Difficult)")
+_file_entry("hotpotqa-dev-all", "hotpotqa/hotpotqa_test_questions_and_answers.json", "HotpotQA full dev, question + answer only")
+_file_entry("musique-dev-all", "musique/musique_test_questions_and_answers.json", "MuSiQue(ans) full dev, question + answer only")
+_file_entry(
+    "2wiki-dev-all", "2wikimultihopqa/2wikimultihop_test_questions_and_answers.json",
+    "2WikiMultihopQA full dev, question + answer only",
+)
+
+
+# ---------------------------------------------------------------- toy world
+
+def _toyworld_rel() -> str:
+    from searchrl.data.toyworld import VERSION, ToyWorldConfig
+
+    # The generator version and the default config name the cache: a changed generator rebuilds.
+    fields = {"version": VERSION, **ToyWorldConfig().model_dump()}
+    digest = hashlib.sha1(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    return f"datasets/toyworld-{digest}"
+
+
+def toyworld_dir() -> Path:
+    """The cached toy world of the default config (corpus.jsonl, train.jsonl, test.jsonl)."""
+    from searchrl.data.toyworld import ToyWorldConfig, generate, write
+
+    def build(tmp: Path) -> None:
+        _log("generating the toy world (default config; cached afterwards) ...")
+        write(generate(ToyWorldConfig()), tmp)
+
+    return cached_build(_toyworld_rel(), build)
+
+
+def _toyworld_entry(split: str) -> None:
+    name = f"toyworld:{split}"
+
+    def load() -> list[Question]:
+        return load_questions(toyworld_dir() / f"{split}.jsonl", source=name)
+
+    def count() -> int:
+        built = cache_dir() / _toyworld_rel() / f"{split}.jsonl"
+        if built.is_file():
+            return _count_lines(built)
+        from searchrl.data.toyworld import ToyWorldConfig
+
+        return getattr(ToyWorldConfig(), split)  # generation yields exactly this many or raises
+
+    desc = f"Synthetic toy world ({split} split, default config), generated into the cache"
+    DATASETS.register(name)(DatasetEntry(name, desc, "generated", load, count))
+
+
+_toyworld_entry("train")
+_toyworld_entry("test")
+
+
+# ---------------------------------------------------------------- datasets API
+
+def load_dataset(spec: str) -> list[Question]:
+    """Questions named by `spec`: a catalog name, `hf:NAME[@CONFIG][:SPLIT]`, or a file path."""
+    if spec in DATASETS:
+        return DATASETS.get(spec).load()
+    if spec.startswith("hf:"):
+        from searchrl.data.loaders import load_hf
+
+        name, _, split = spec[3:].partition(":")
+        name, _, config = name.partition("@")
+        if not name:
+            raise SearchRLError(f"dataset spec {spec!r} names no Hugging Face dataset; write hf:NAME[@CONFIG][:SPLIT]")
+        return load_hf(name, split or "train", config or None)
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return load_questions(path)
+    known = ", ".join(DATASETS.names())
+    raise SearchRLError(
+        f"unknown dataset {spec!r}: not a catalog name and no such file. "
+        f"Catalog names: {known}; or give a question file path, or hf:NAME[@CONFIG][:SPLIT]."
+    )
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    name: str
+    description: str
+    source: str
+    count: int | None  # None when it could not be counted (e.g. data folder absent)
+    problem: str = ""
+
+
+def list_datasets() -> list[DatasetInfo]:
+    """Every catalog dataset with its question count (cheap; builds no index)."""
+    infos = []
+    for name in DATASETS.names():
+        entry = DATASETS.get(name)
+        try:
+            infos.append(DatasetInfo(name, entry.description, entry.source, entry.count()))
+        except (SearchRLError, ImportError) as exc:  # data folder absent, generator unavailable
+            infos.append(DatasetInfo(name, entry.description, entry.source, None, str(exc)))
+    return infos
+
+
+# ---------------------------------------------------------------- indexes
+
+def _index_entry(name: str, description: str, passages: Callable[[], list], kind: str) -> None:
+    def build(tmp: Path) -> None:
+        from searchrl.retrieval.index import build_index
+
+        items = passages()
+        _log(f"building index {name!r} over {len(items)} passages ({kind}; first use, cached afterwards) ...")
+        started = time.perf_counter()
+        build_index(items, tmp, kind=kind, source=f"catalog:{name}")
+        _log(f"index {name!r} built in {time.perf_counter() - started:.1f}s")
+
+    INDEXES.register(name)(IndexEntry(name, description, build))
+
+
+def _localwiki_passages() -> list:
+    from searchrl.data.localwiki import read_corpus
+
+    return read_corpus(localwiki_dir() / "corpus.jsonl")
+
+
+def _toyworld_passages() -> list:
+    from searchrl.data.localwiki import read_corpus
+
+    return read_corpus(toyworld_dir() / "corpus.jsonl")
+
+
+_index_entry("toyworld", "BM25 over the toy world corpus", _toyworld_passages, "bm25")
+_index_entry("localwiki", "BM25 over localwiki (~22k real Wikipedia paragraphs)", _localwiki_passages, "bm25")
+_index_entry("localwiki-dense", "all-MiniLM-L6-v2 + exact inner-product FAISS over localwiki", _localwiki_passages, "dense")
+
+
+def _index_rel(name: str) -> str:
+    if name == "toyworld":
+        return f"indexes/toyworld-{_toyworld_rel().rsplit('-', 1)[1]}"
+    from searchrl.data.localwiki import VERSION
+
+    return f"indexes/{name}-v{VERSION}"
+
+
+def named_index_dir(name: str) -> Path:
+    """The folder of catalog index `name`, built on first use."""
+    if name not in INDEXES:
+        raise SearchRLError(
+            f"unknown index {name!r}; catalog indexes: {', '.join(INDEXES.names())}, "
+            "or give the directory of an index built with `searchrl index build`"
+        )
+    return cached_build(_index_rel(name), INDEXES.get(name).build)
+
+
+def open_named_index(name_or_dir: str) -> Retriever:
+    """A retriever over an index directory, or over a catalog index (built on first use)."""
+    path = Path(name_or_dir).expanduser()
+    folder = path if path.is_dir() else named_index_dir(name_or_dir)
+    from searchrl.retrieval.index import open_index
+
+    return open_index(folder)
+
+
+def list_indexes() -> list[tuple[str, str, bool]]:
+    """(name, description, already built?) for every catalog index."""
+    out = []
+    for name in INDEXES.names():
+        try:
+            built = (cache_dir() / _index_rel(name)).is_dir()
+        except ImportError:
+            built = False
+        out.append((name, INDEXES.get(name).description, built))
+    return out
+
+
+def data_available() -> bool:
+    """Whether the benchmark data folder is present (most catalog datasets need it)."""
+    return find_shared_data() is not None
+
+
+# ---------------------------------------------------------------- CLI bodies
+
+def list_command() -> None:
+    """`searchrl data list`: tables of the catalog datasets and indexes."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title="datasets (searchrl data show NAME)")
+    for col in ("name", "questions", "source", "description"):
+        table.add_column(col, justify="right" if col == "questions" else "left", overflow="fold")
+    for info in list_datasets():
+        count = f"{info.count:,}" if info.count is not None else "[red]n/a[/]"
+        table.add_row(info.name, count, info.source, info.description + (f" [red]({info.problem})[/]" if info.problem else ""))
+    console.print(table)
+    indexes = Table(title="indexes (--index NAME; built on first use)")
+    for col in ("name", "built", "description"):
+        indexes.add_column(col)
+    for name, description, built in list_indexes():
+        indexes.add_row(name, "yes" if built else "no", description)
+    console.print(indexes)
+    if not data_available():
+        console.print("[yellow]benchmark data folder not found; set SEARCHRL_DATA=/path/to/shared/data[/]")
+
+
+def show_command(spec: str, limit: int) -> None:
+    """`searchrl data show SPEC`: the first `limit` questions of a dataset."""
+    from rich.console import Console
+
+    console = Console()
+    questions = load_dataset(spec)
+    console.print(f"[bold]{spec}[/]: {len(questions):,} questions")
+    for q in questions[:limit]:
+        console.print(f"\n[cyan]{q.id}[/] [dim]{q.type or ''} {q.source}[/]\n  Q: {q.question}", highlight=False)
+        console.print(f"  A: {' | '.join(q.answers)}", highlight=False)
+        if q.supporting_ids:
+            console.print(f"  supporting: {', '.join(q.supporting_ids)}", highlight=False)
+
+
+def localwiki_command(out: Path) -> None:
+    """`searchrl data localwiki --out DIR`: write the corpus and mapped question files."""
+    from searchrl.data import localwiki
+
+    data = shared_data()
+    wiki = localwiki.build(data)
+    localwiki.write(wiki, out, data)
+    print(f"{out}/corpus.jsonl: {len(wiki.passages):,} passages (from {wiki.n_paragraphs_seen:,} paragraphs)")
+    for name, questions in wiki.datasets.items():
+        print(f"{out}/{name}.jsonl: {len(questions):,} questions")

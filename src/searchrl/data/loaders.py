@@ -1,0 +1,315 @@
+"""Read question files of every common multi-hop QA format into `Question`s.
+
+Formats (auto-detected from the first record's fields):
+
+| fmt          | fields                                                                 |
+|--------------|------------------------------------------------------------------------|
+| `searchrl`   | our own `Question.to_dict` lines: id, question, answers, supporting_ids |
+| `r1searcher` | R1-Searcher: idx, question, answer (a string or a list)                 |
+| `flashrag`   | FlashRAG: id, question, golden_answers                                  |
+| `hotpotqa`   | HotpotQA / 2WikiMultihopQA JSON: _id, question, answer, supporting_facts, context |
+| `musique`    | MuSiQue: id, question, answer, answer_aliases, paragraphs[{title, paragraph_text, is_supporting}] |
+| `ircot`      | IRCoT processed: question_id, question_text, answers_objects, contexts  |
+| `qa`         | plain lists of {question, answer}                                       |
+
+Files may be a JSON list or JSON lines, whatever their suffix says (several upstream `.json`
+files are really JSON lines). Formats that carry gold paragraphs keep them in
+`Record.context`, so `localwiki` can map supporting paragraphs to corpus passage ids; a bare
+`load_questions` of such a file leaves `supporting_ids` empty because raw files have no
+corpus ids to point at.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from searchrl.data.types import Question
+from searchrl.errors import DataError, SearchRLError
+from searchrl.registry import Registry
+
+
+class GoldParagraph(NamedTuple):
+    """A context paragraph shipped with a question; `supporting` marks the gold evidence."""
+
+    title: str
+    text: str
+    supporting: bool
+
+
+@dataclass(frozen=True)
+class Record:
+    """One parsed question plus the context paragraphs its file carried (may be empty)."""
+
+    question: Question
+    context: tuple[GoldParagraph, ...] = field(default=())
+
+    @property
+    def has_context(self) -> bool:
+        return bool(self.context)
+
+
+Parser = Callable[[dict, str, int, str], Record]  # (row, where, index, source) -> Record
+FORMATS: Registry[Parser] = Registry("question format")
+
+
+def clean_text(text: str) -> str:
+    """Collapse runs of whitespace; upstream files mix double spaces, tabs and newlines."""
+    return " ".join(str(text).split())
+
+
+def _need(row: dict, keys: Iterable[str], where: str, fmt: str) -> None:
+    missing = [k for k in keys if row.get(k) in (None, "", [])]
+    if missing:
+        names = ", ".join(repr(k) for k in missing)
+        raise DataError(f"{where}: missing or empty field {names} (format {fmt!r}); fix or drop this record")
+
+
+def _answers(value: Any, where: str, fmt: str) -> tuple[str, ...]:
+    if isinstance(value, dict):  # e.g. FanoutQA {entity: answer}: one readable string
+        value = "; ".join(f"{k}: {v}" for k, v in value.items())
+    items = value if isinstance(value, (list, tuple)) else [value]
+    out: list[str] = []
+    for item in items:
+        if item is None:
+            continue
+        text = str(item).strip()
+        if text and text not in out:
+            out.append(text)
+    if not out:
+        raise DataError(f"{where}: no usable answer in {value!r} (format {fmt!r})")
+    return tuple(out)
+
+
+def _sentences(sents: Any) -> str:
+    # HotpotQA sentences carry their own leading space, 2Wiki's don't: strip and rejoin.
+    if isinstance(sents, str):
+        return clean_text(sents)
+    return clean_text(" ".join(str(s).strip() for s in sents))
+
+
+@FORMATS.register("searchrl")
+def _parse_searchrl(row: dict, where: str, index: int, source: str) -> Record:
+    _need(row, ("id", "question", "answers"), where, "searchrl")
+    q = Question.from_dict({**row, "answers": _answers(row["answers"], where, "searchrl")})
+    return Record(replace(q, source=q.source or source))
+
+
+@FORMATS.register("r1searcher")
+def _parse_r1searcher(row: dict, where: str, index: int, source: str) -> Record:
+    _need(row, ("question", "answer"), where, "r1searcher")
+    qid = str(row["idx"]) if row.get("idx") is not None else str(index)
+    answers = _answers(row["answer"], where, "r1searcher")
+    return Record(Question(qid, row["question"].strip(), answers, source=source))
+
+
+@FORMATS.register("flashrag")
+def _parse_flashrag(row: dict, where: str, index: int, source: str) -> Record:
+    _need(row, ("question", "golden_answers"), where, "flashrag")
+    qid = str(row.get("id", index))
+    answers = _answers(row["golden_answers"], where, "flashrag")
+    return Record(Question(qid, row["question"].strip(), answers, source=source))
+
+
+def _hotpot_context(ctx: Any) -> list[tuple[str, str]]:
+    # Original JSON: [[title, [sentences]], ...]; Hugging Face: {"title": [...], "sentences": [...]}.
+    if isinstance(ctx, dict):
+        return [(t, _sentences(s)) for t, s in zip(ctx.get("title", []), ctx.get("sentences", []))]
+    return [(t, _sentences(s)) for t, s in ctx]
+
+
+def _hotpot_support_titles(facts: Any) -> set[str]:
+    if isinstance(facts, dict):
+        return set(facts.get("title", []))
+    return {f[0] for f in facts}
+
+
+@FORMATS.register("hotpotqa")
+def _parse_hotpotqa(row: dict, where: str, index: int, source: str) -> Record:
+    """HotpotQA and 2WikiMultihopQA share this shape; a missing `context` (some 2Wiki rows)
+    is allowed and simply yields no gold paragraphs."""
+    _need(row, ("question", "answer"), where, "hotpotqa")
+    qid = str(row.get("_id", row.get("id", index)))
+    answers = _answers(row["answer"], where, "hotpotqa")
+    context: tuple[GoldParagraph, ...] = ()
+    if row.get("context"):
+        try:
+            support = _hotpot_support_titles(row.get("supporting_facts") or [])
+            context = tuple(GoldParagraph(t, x, t in support) for t, x in _hotpot_context(row["context"]))
+        except (TypeError, ValueError, IndexError) as exc:
+            raise DataError(f"{where}: malformed 'context' or 'supporting_facts' ({exc})") from None
+    q = Question(qid, row["question"].strip(), answers, type=str(row.get("type") or ""), source=source)
+    return Record(q, context)
+
+
+@FORMATS.register("musique")
+def _parse_musique(row: dict, where: str, index: int, source: str) -> Record:
+    _need(row, ("question", "answer"), where, "musique")
+    qid = str(row.get("id", index))
+    answers = _answers([row["answer"], *(row.get("answer_aliases") or [])], where, "musique")
+    try:
+        context = tuple(
+            GoldParagraph(p["title"], clean_text(p["paragraph_text"]), bool(p.get("is_supporting")))
+            for p in row.get("paragraphs") or []
+        )
+    except (KeyError, TypeError) as exc:
+        raise DataError(f"{where}: a paragraph lacks {exc} (needs title, paragraph_text)") from None
+    qtype = qid.split("__")[0] if "__" in qid else ""  # "2hop", "3hop1", ...
+    return Record(Question(qid, row["question"].strip(), answers, type=qtype, source=source), context)
+
+
+def _ircot_answers(objects: list, where: str) -> tuple[str, ...]:
+    found: list[str] = []
+    for obj in objects or []:
+        found.extend(obj.get("spans") or [])
+        if not obj.get("spans") and obj.get("number"):
+            found.append(str(obj["number"]))
+        date = obj.get("date") or {}
+        if not obj.get("spans") and any(date.values()):
+            found.append(" ".join(str(date[k]) for k in ("day", "month", "year") if date.get(k)))
+    return _answers(found, where, "ircot")
+
+
+@FORMATS.register("ircot")
+def _parse_ircot(row: dict, where: str, index: int, source: str) -> Record:
+    _need(row, ("question_id", "question_text", "answers_objects"), where, "ircot")
+    try:
+        context = tuple(
+            GoldParagraph(c["title"], clean_text(c["paragraph_text"]), bool(c.get("is_supporting")))
+            for c in row.get("contexts") or []
+        )
+    except (KeyError, TypeError) as exc:
+        raise DataError(f"{where}: a context lacks {exc} (needs title, paragraph_text)") from None
+    answers = _ircot_answers(row["answers_objects"], where)
+    return Record(Question(str(row["question_id"]), row["question_text"].strip(), answers, source=source), context)
+
+
+@FORMATS.register("qa")
+def _parse_qa(row: dict, where: str, index: int, source: str) -> Record:
+    _need(row, ("question", "answer"), where, "qa")
+    qid = f"{source}-{index}" if source else str(index)
+    return Record(Question(qid, row["question"].strip(), _answers(row["answer"], where, "qa"), source=source))
+
+
+def detect_format(row: Any, where: str = "record") -> str:
+    """The format name for one record, judged by which fields it has."""
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: expected a JSON object per question, got {type(row).__name__}")
+    keys = set(row)
+    if {"question_id", "question_text"} <= keys:
+        return "ircot"
+    if "question" not in keys:
+        raise DataError(f"{where}: no 'question' field (fields: {sorted(keys)}); not a question file?")
+    if "paragraphs" in keys:
+        return "musique"
+    if keys & {"supporting_facts", "context", "_id"}:
+        return "hotpotqa"
+    if "golden_answers" in keys:
+        return "flashrag"
+    if "answers" in keys:
+        return "searchrl"
+    if "idx" in keys:
+        return "r1searcher"
+    if "answer" in keys:
+        return "qa"
+    raise DataError(
+        f"{where}: cannot tell the format from fields {sorted(keys)}; "
+        f"pass fmt= one of {', '.join(FORMATS.names())}"
+    )
+
+
+def iter_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    """(where, row) for each record of a JSON list or JSON-lines file; `where` is `file:line`
+    for JSON lines and `file, record [i]` (0-based) for a JSON list."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    with path.open(encoding="utf-8-sig") as fh:
+        head = fh.read(4096).lstrip()
+    if head.startswith("["):
+        try:
+            rows = json.loads(path.read_text(encoding="utf-8-sig"))
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}:{exc.lineno}:{exc.colno}: invalid JSON ({exc.msg})") from None
+        for i, row in enumerate(rows):
+            yield f"{path}, record [{i}]", row
+        return
+    with path.open(encoding="utf-8-sig") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                if lineno == 1 and head.startswith("{"):
+                    _reject_json_object(path)
+                raise DataError(f"{path}:{lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+            yield f"{path}:{lineno}", row
+
+
+def _reject_json_object(path: Path) -> None:
+    try:
+        json.loads(path.read_text(encoding="utf-8-sig"))
+    except json.JSONDecodeError:
+        return  # really broken JSON lines: let the caller report the line
+    raise DataError(
+        f"{path}: is one JSON object, not a list of questions or JSON lines "
+        "(a corpus file such as title -> sentences?)"
+    )
+
+
+def parse_rows(rows: Iterable[tuple[str, Any]], fmt: str = "auto", source: str = "") -> list[Record]:
+    """Parse (where, row) pairs; with fmt="auto" the first row decides the format."""
+    if fmt != "auto" and fmt not in FORMATS:
+        known = ", ".join(["auto", *FORMATS.names()])
+        raise SearchRLError(f"unknown question format {fmt!r}; choose one of: {known}")
+    records: list[Record] = []
+    parser: Parser | None = None if fmt == "auto" else FORMATS.get(fmt)
+    for index, (where, row) in enumerate(rows):
+        if parser is None:
+            parser = FORMATS.get(detect_format(row, where))
+        if not isinstance(row, dict):
+            raise DataError(f"{where}: expected a JSON object per question, got {type(row).__name__}")
+        records.append(parser(row, where, index, source))
+    return records
+
+
+def read_records(path: Path, fmt: str = "auto", source: str = "") -> list[Record]:
+    """Every question of `path` with the gold paragraphs its format carries."""
+    path = Path(path)
+    records = parse_rows(iter_rows(path), fmt, source or path.stem)
+    if not records:
+        raise DataError(f"{path}: holds no records")
+    return records
+
+
+def load_questions(path: Path, fmt: str = "auto", source: str = "") -> list[Question]:
+    """Questions of a file in any supported format; `source` defaults to the file's stem."""
+    return [r.question for r in read_records(path, fmt, source)]
+
+
+def load_hf(name: str, split: str = "train", config: str | None = None, fmt: str = "auto") -> list[Question]:
+    """Questions of a Hugging Face Hub dataset (needs the `datasets` package and internet).
+
+    Rows are parsed like file records, e.g. `RUC-NLPIR/FlashRAG_datasets` config `hotpotqa`
+    split `dev` (FlashRAG fields) or `hotpotqa/hotpot_qa` config `distractor`.
+    """
+    try:
+        import datasets
+    except ImportError:
+        raise SearchRLError(
+            f"loading 'hf:{name}' needs the `datasets` package: `pip install datasets`, and internet "
+            "access to the Hugging Face Hub. Offline, convert the data to a local JSON-lines file instead."
+        ) from None
+    try:
+        ds = datasets.load_dataset(name, config, split=split)
+    except Exception as exc:  # noqa: BLE001 - hub, network and config errors come in many types
+        raise SearchRLError(
+            f"could not load Hugging Face dataset {name!r} (config {config!r}, split {split!r}): "
+            f"{type(exc).__name__}: {exc}. Offline? Use a local file path instead."
+        ) from None
+    rows = ((f"hf:{name}[{i}]", dict(row)) for i, row in enumerate(ds))
+    return [r.question for r in parse_rows(rows, fmt, source=name.split("/")[-1])]
