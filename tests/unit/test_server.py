@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
-import socket
 import threading
 import time
 
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 
 from searchrl.data.types import Passage
 from searchrl.errors import RetrievalUnavailable, SearchRLError
 from searchrl.retrieval.base import Retriever
 from searchrl.retrieval.http import HttpRetriever, _r1_passages, _search_r1_passage
-from searchrl.retrieval.server import ServerLimits, create_app
+from searchrl.retrieval.server import ServerLimits, create_app, free_port, serve_in_background
 
 PASSAGES = [
     Passage("p0", "Paris", "Paris is the capital of France."),
@@ -57,36 +54,9 @@ class WordOverlap(Retriever):
 QUERIES = ["capital of France", "Germany river", "quoted title newline"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
 def running(app, keep_alive_s: float = 5):
     """A real uvicorn server on a free localhost port, in a background thread."""
-    port = free_port()
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=port,
-        log_level="error",
-        access_log=False,
-        timeout_keep_alive=keep_alive_s,
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(5)
+    return serve_in_background(app, keep_alive_s=keep_alive_s)
 
 
 @pytest.fixture(scope="module")

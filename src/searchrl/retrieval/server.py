@@ -21,8 +21,10 @@ core inside one call, so concurrent calls would gain nothing.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+import time
 from pathlib import Path
 
 from fastapi import FastAPI, HTTPException, Response
@@ -217,3 +219,40 @@ def serve(
     )
     # Per-request access lines cost measurable time at batch 1 and say nothing useful here.
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now (the OS picks it)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve_in_background(app_or_retriever, host: str = "127.0.0.1", keep_alive_s: float = 5):
+    """A real uvicorn server on a free port in a daemon thread; yields its base URL.
+
+    For the demo and tests: the same HTTP path as `searchrl serve`, without a second process.
+    """
+    import uvicorn
+
+    app = app_or_retriever if isinstance(app_or_retriever, FastAPI) else create_app(app_or_retriever)
+    port = free_port(host)
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="error", access_log=False, timeout_keep_alive=keep_alive_s
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise SearchRLError(f"the retrieval server did not start on {host}:{port}")
+        time.sleep(0.01)
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(5)
