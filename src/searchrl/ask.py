@@ -1,0 +1,225 @@
+"""`searchrl ask "QUESTION"`: watch a model search while it reasons, live in the terminal.
+
+The rollout is the engine's own (`RolloutEngine`), so what is shown is exactly what evaluation and
+training do. Two thin wrappers let the view follow it:
+
+- `StreamingBackend` serves each `generate` call as a series of small ones (`chunk` tokens each)
+  and hands the new text to a callback after every piece. The transformers backend carries its
+  cache and its stop-string window across calls, so the pieces add up to the same continuation
+  one call would have produced (greedy: token for token).
+- `AnnouncingRetriever` reports every batched search (queries and the passages found).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+
+from searchrl.data.types import Passage, Question
+from searchrl.retrieval.base import Retriever
+from searchrl.rollout.backend import Continuation, GenerationBackend, SamplingParams
+from searchrl.rollout.trajectory import Trajectory
+
+
+class StreamingBackend(GenerationBackend):
+    """Delegates to `inner`; `generate` runs in pieces of `chunk` tokens and calls
+    `on_text(handle, text)` with each piece's new text (EOS tokens left out; a character split
+    across pieces waits for its last byte)."""
+
+    def __init__(self, inner: GenerationBackend, on_text: Callable[[int, str], None], chunk: int = 4) -> None:
+        self.inner = inner
+        self.on_text = on_text
+        self.chunk = chunk
+        self.stats = inner.stats
+
+    def encode(self, text: str, *, prompt: bool = False) -> list[int]:
+        return self.inner.encode(text, prompt=prompt)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.inner.decode(token_ids)
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self.inner.eos_token_ids
+
+    @property
+    def tokenizer(self):
+        return self.inner.tokenizer
+
+    def start(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[int]:
+        return self.inner.start(prompts, params)
+
+    def append(self, handles: Sequence[int], token_ids: Sequence[Sequence[int]]) -> None:
+        self.inner.append(handles, token_ids)
+
+    def release(self, handles: Sequence[int]) -> None:
+        self.inner.release(handles)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def generate(
+        self, handles: Sequence[int], max_new_tokens: int | Sequence[int], stop: Sequence[str] = ()
+    ) -> list[Continuation]:
+        handles = list(handles)
+        budgets = [max_new_tokens] * len(handles) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        results = [Continuation([], [], "length") for _ in handles]
+        shown = [0] * len(handles)  # characters of each continuation already handed out
+        todo = [i for i, b in enumerate(budgets) if b > 0]
+        while todo:
+            outs = self.inner.generate(
+                [handles[i] for i in todo],
+                [min(self.chunk, budgets[i] - len(results[i].token_ids)) for i in todo],
+                stop,
+            )
+            for i, o in zip(todo, outs):
+                r = results[i]
+                r.token_ids.extend(o.token_ids)
+                r.logprobs.extend(o.logprobs)
+                r.finish_reason, r.stop_string = o.finish_reason, o.stop_string
+                shown[i] = self._emit(handles[i], r.token_ids, shown[i], final=o.finish_reason != "length")
+            todo = [i for i in todo if results[i].finish_reason == "length" and len(results[i].token_ids) < budgets[i]]
+        for i in range(len(handles)):  # flush what a budget cut left waiting
+            self._emit(handles[i], results[i].token_ids, shown[i], final=True)
+        return results
+
+    def _emit(self, handle: int, ids: list[int], shown: int, final: bool) -> int:
+        text = self.inner.decode([t for t in ids if t not in self.inner.eos_token_ids])
+        if not final:
+            text = text.rstrip("\ufffd")  # an incomplete UTF-8 sequence decodes to U+FFFD
+        if len(text) > shown:
+            self.on_text(handle, text[shown:])
+            return len(text)
+        return shown
+
+
+class AnnouncingRetriever(Retriever):
+    """Delegates to `inner` and calls `on_search(queries, results)` after every search."""
+
+    def __init__(self, inner: Retriever, on_search: Callable[[list[str], list[list[Passage]]], None]) -> None:
+        self.inner = inner
+        self.on_search = on_search
+
+    def search(self, queries: list[str], k: int) -> list[list[Passage]]:
+        results = self.inner.search(queries, k)
+        self.on_search(list(queries), results)
+        return results
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def ask(
+    question: str,
+    *,
+    model: str = "smollm2-135m",
+    index: str | None = None,
+    retriever_url: str | None = None,
+    retriever_api: str = "native",
+    tags: str = "r1searcher",
+    template: str = "base",
+    doc_style: str = "r1searcher",
+    k: int = 5,
+    max_searches: int = 8,
+    max_new_tokens: int = 512,
+    sample: bool = False,
+    seed: int | None = None,
+    as_json: bool = False,
+    console=None,
+    backend: GenerationBackend | None = None,
+    chunk: int = 4,
+) -> Trajectory:
+    """Answer one question with search; show it live on `console` (rich) unless `as_json`, which
+    prints the trajectory as one JSON object instead. Without index and URL, the `toyworld` index
+    is used. `backend` may be passed to reuse a loaded model; `chunk` is how many tokens appear at
+    a time (the backend must match stop strings across calls, as the transformers one does)."""
+    from searchrl.eval.run import open_retriever
+    from searchrl.protocol import Protocol
+    from searchrl.rollout.engine import RolloutConfig, RolloutEngine
+
+    protocol = Protocol.named(tags, template, doc_style)
+    if index is None and retriever_url is None:
+        index = "toyworld"
+    cfg = RolloutConfig(
+        max_searches=max_searches, k=k, max_new_tokens=max_new_tokens, greedy=not sample, seed=seed, batch_size=1
+    )
+    retriever = open_retriever(index, retriever_url, retriever_api)
+    if backend is None:
+        from searchrl.rollout.backend import make_backend
+
+        backend = make_backend("hf", model)
+    q = Question("ask", question, ())
+    try:
+        if as_json:
+            traj = RolloutEngine(backend, retriever, protocol, cfg).run([q])[0]
+            print(json.dumps(traj.to_dict(), ensure_ascii=False))
+            return traj
+        view = _LiveView(console, protocol)
+        view.header(question, model, index or retriever_url, sample)
+        engine = RolloutEngine(
+            StreamingBackend(backend, view.text, chunk), AnnouncingRetriever(retriever, view.search), protocol, cfg
+        )
+        started = time.perf_counter()
+        traj = engine.run([q])[0]
+        view.finish(traj, time.perf_counter() - started)
+        return traj
+    finally:
+        retriever.close()
+
+
+class _LiveView:
+    """Thinking streams as plain text; queries and answers get panels."""
+
+    def __init__(self, console, protocol) -> None:
+        if console is None:
+            from rich.console import Console
+
+            console = Console()
+        self.console = console
+        self.protocol = protocol
+        self.n_search = 0
+
+    def header(self, question: str, model: str, retriever: str, sample: bool) -> None:
+        from rich.panel import Panel
+
+        mode = "sampling" if sample else "greedy"
+        self.console.print(
+            Panel(question, title="question", subtitle=f"{model} · {retriever} · {mode}", border_style="blue"),
+            highlight=False,
+        )
+
+    def text(self, handle: int, text: str) -> None:
+        from rich.text import Text
+
+        self.console.print(Text(text, style="dim"), end="", soft_wrap=True)
+
+    def search(self, queries: list[str], results: list[list[Passage]]) -> None:
+        from rich.panel import Panel
+        from rich.text import Text
+
+        for query, passages in zip(queries, results):
+            self.n_search += 1
+            self.console.print()
+            self.console.print(
+                Panel(Text(query, style="bold yellow"), title=f"search {self.n_search}", border_style="yellow", expand=False)
+            )
+            found = Text()
+            for i, p in enumerate(passages, start=1):
+                found.append(f"  {i}. ", style="bold")
+                found.append(p.title)
+                found.append(f"  [{p.id}]\n", style="dim")
+            self.console.print(found if passages else Text("  (no documents found)", style="dim"), end="")
+
+    def finish(self, traj: Trajectory, seconds: float) -> None:
+        from rich.panel import Panel
+        from rich.text import Text
+
+        self.console.print()
+        if traj.answer is not None:
+            body, style = Text(traj.answer, style="bold green"), "green"
+        else:
+            body, style = Text(f"no answer (stopped: {traj.stop_reason})", style="red"), "red"
+        self.console.print(Panel(body, title="answer", border_style=style, expand=False))
+        searches = f"{traj.n_searches} search" + ("" if traj.n_searches == 1 else "es")
+        self.console.print(f"{searches} · {sum(traj.loss_mask)} tokens generated · {seconds:.1f}s", style="dim", highlight=False)

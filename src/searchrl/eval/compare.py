@@ -1,0 +1,102 @@
+"""`searchrl eval compare DIR [DIR ...]`: the metrics.json of several runs side by side.
+
+Rows are runs (named by their folder, model, method and dataset), columns are metrics; fractions
+are shown in percent. Runs written before a metric existed show `n/a` in its column.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from searchrl.errors import DataError, SearchRLError
+from searchrl.eval.run import fmt_number, fmt_percent
+
+# (metrics.json key, column header, kind): kind "pct" = fraction shown in %, else digits.
+COLUMNS: tuple[tuple[str, str, str | int], ...] = (
+    ("n", "n", 0),
+    ("em", "EM %", "pct"),
+    ("f1", "F1 %", "pct"),
+    ("cover_em", "CEM %", "pct"),
+    ("cover_em_substring", "CEM-sub %", "pct"),
+    ("format_ok_rate", "format %", "pct"),
+    ("search_rate", "searched %", "pct"),
+    ("mean_searches", "searches/q", 2),
+    ("retrieval_recall", "recall %", "pct"),
+    ("mean_generated_tokens", "tokens/q", 1),
+    ("seconds", "seconds", 1),
+)
+RUN_COLUMNS = ("run", "model", "method", "dataset")
+
+
+def read_metrics(folder: str | Path) -> dict:
+    """metrics.json of one run folder (or the file itself), with clear errors."""
+    path = Path(folder)
+    if path.is_dir():
+        path = path / "metrics.json"
+    if not path.is_file():
+        raise SearchRLError(f"{path}: no metrics.json here; give folders written by `searchrl eval run --out`")
+    try:
+        metrics = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
+    if not isinstance(metrics, dict):
+        raise DataError(f"{path}: expected a JSON object of metrics")
+    return metrics
+
+
+def _cell(value, kind) -> str:
+    if value is None:
+        return "n/a"
+    if kind == "pct":
+        return fmt_percent(value)
+    return str(value) if kind == 0 else fmt_number(value, kind)
+
+
+def compare_rows(folders: Sequence[str | Path]) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of the comparison, one row per run folder, in the order given."""
+    header = list(RUN_COLUMNS) + [label for _, label, _ in COLUMNS]
+    rows = []
+    for folder in folders:
+        m = read_metrics(folder)
+        name = Path(folder).name if Path(folder).is_dir() else Path(folder).parent.name
+        rows.append(
+            [name] + [str(m.get(key) or "-") for key in RUN_COLUMNS[1:]]
+            + [_cell(m.get(key), kind) for key, _, kind in COLUMNS]
+        )
+    return header, rows
+
+
+def compare_markdown(folders: Sequence[str | Path]) -> str:
+    """The comparison as a Markdown table."""
+    header, rows = compare_rows(folders)
+    right = len(RUN_COLUMNS)
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" if i < right else "---:" for i in range(len(header))) + "|",
+    ]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def compare_command(folders: Sequence[str], out: str | None = None) -> str:
+    """`searchrl eval compare`: a rich table on screen; the Markdown table into `out` if given."""
+    if not folders:
+        raise SearchRLError("give at least one run folder")
+    from rich.console import Console
+    from rich.table import Table
+
+    header, rows = compare_rows(folders)
+    table = Table(title="evaluation runs")
+    for i, col in enumerate(header):
+        table.add_column(col, justify="left" if i < len(RUN_COLUMNS) else "right", overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    Console().print(table)
+    markdown = compare_markdown(folders)
+    if out is not None:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(markdown, encoding="utf-8")
+        Console(stderr=True).print(f"wrote {out}", highlight=False)
+    return markdown

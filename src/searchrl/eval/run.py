@@ -1,0 +1,375 @@
+"""`searchrl eval run`: answer a dataset with one method and write predictions, metrics and config.
+
+Three methods, all recorded as `Trajectory`s so that one file format serves every run:
+
+- `agent`  — the search-interleaved rollout of the `RolloutEngine` (greedy): the model decides
+  when and what to search; the prediction is its last complete answer block.
+- `rag`    — the pipeline retrieves the top-k passages for the question ONCE, puts them in the
+  prompt, and the model answers greedily. The trajectory records that one retrieval as its query
+  (`queries == [question]`, `n_searches == 1`, `retrieved_ids == [top-k ids]`); the passages are
+  part of the prompt, not of the response, so no token of it has loss mask 0.
+- `direct` — no retrieval; the same answer prompt without passages.
+
+The rag/direct prompts (`searchrl.eval.answer_prompts`) end with the opening answer tag, so
+whatever the model writes up to the closing tag is its answer. When it never closes the tag (EOS
+or the length budget), the first non-empty line of its response is taken instead: with the tag
+already open, that line is where the answer is. The agent has no such fallback beyond an answer block the budget cut short (first line
+after its last opening answer tag); a rollout without any answer tag predicts None (scored 0).
+
+The format check of the rewards is reported for every method. Rag/direct responses hold no think
+block, so they are checked as if an empty one had been closed right before the answer: every other
+rule (one closed non-empty answer, nothing garbled, no protocol tags) applies unchanged.
+
+Output folder: `predictions.jsonl`, `metrics.json`, `metrics.md`, `config.yaml`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from searchrl.config import StrictModel, dump_config
+from searchrl.data.types import Passage, Question
+from searchrl.errors import SearchRLError
+from searchrl.eval.answer_prompts import answer_prompt
+from searchrl.protocol import Protocol, ProtocolConfig, TagSet
+from searchrl.retrieval.base import Retriever
+from searchrl.rollout.trajectory import Segment, Trajectory
+
+METHODS = ("agent", "rag", "direct")
+
+# Metrics in metrics.json that are fractions (shown in percent by the tables).
+PERCENT_KEYS = (
+    "em",
+    "f1",
+    "cover_em",
+    "cover_em_substring",
+    "format_ok_rate",
+    "search_rate",
+    "retrieval_recall",
+)
+
+
+class EvalConfig(StrictModel):
+    """One evaluation run. Every field is also a `searchrl eval run` flag or a `--set key=value`."""
+
+    method: Literal["agent", "rag", "direct"] = Field(
+        "agent",
+        description="agent: the model searches while it reasons (greedy rollouts); rag: retrieve "
+        "top-k with the question once, answer from the passages; direct: answer without retrieval.",
+    )
+    model: str = Field("smollm2-135m", description="Model name (smollm2-135m, tiny-random), folder or hub id.")
+    backend: str = Field("hf", description="Generation backend registry name (hf = transformers).")
+    dataset: str = Field(
+        "toyworld:test", description="Catalog dataset name, question file path, or hf:NAME[@CONFIG][:SPLIT]."
+    )
+    limit: int | None = Field(None, ge=1, description="Evaluate only the first N questions; None = all.")
+    index: str | None = Field(
+        None, description="Catalog index (toyworld, localwiki, localwiki-dense) or index directory."
+    )
+    retriever_url: str | None = Field(
+        None, description="Retrieval server URL instead of a local index (searchrl serve, R1-Searcher, Search-R1)."
+    )
+    retriever_api: Literal["native", "r1searcher", "search-r1"] = Field(
+        "native", description="API of the retrieval server: native (/search), r1searcher (/queries), search-r1 (/retrieve)."
+    )
+    k: int = Field(5, ge=1, description="Passages per search (paper: 5 in evaluation).")
+    tags: str = Field("r1searcher", description="Tag preset: r1searcher (default) or search-r1 (what tiny models follow).")
+    template: str = Field(
+        "base",
+        description="Agent prompt template: base, chat, fewshot, fewshot-chat or a template file. Rag/direct "
+        "use their own answer prompt, in chat form when the template is a chat one.",
+    )
+    doc_style: str = Field("r1searcher", description="Documents lines: r1searcher or title-lines.")
+    max_searches: int = Field(8, ge=0, description="Searches served per agent rollout (paper's code: 8).")
+    max_new_tokens: int = Field(512, ge=1, description="Agent: policy tokens per question, all turns together.")
+    answer_max_new_tokens: int = Field(
+        64, ge=1, description="Rag/direct: tokens for the answer. It is a few words; small models run on past "
+        "it into made-up dialogue, which a larger budget only makes slower (the first line is kept).",
+    )
+    batch_size: int = Field(16, ge=1, description="Questions generated together (memory vs speed).")
+    dump_tokens: bool = Field(
+        False, description="Also write prompt/response token ids, loss mask and log-probs to predictions.jsonl."
+    )
+    out: str | None = Field(None, description="Output folder (created; existing files are overwritten).")
+
+    @model_validator(mode="after")
+    def _check(self) -> EvalConfig:
+        ProtocolConfig(tags=self.tags, template=self.template, doc_style=self.doc_style)
+        if self.index is not None and self.retriever_url is not None:
+            raise ValueError("give either index or retriever_url, not both")
+        if self.method != "direct" and self.index is None and self.retriever_url is None:
+            raise ValueError(
+                f"method {self.method!r} retrieves: give an index (e.g. --index toyworld) or a "
+                "retriever_url (e.g. --retriever-url http://127.0.0.1:8000)"
+            )
+        return self
+
+    def protocol(self) -> Protocol:
+        return Protocol.named(self.tags, self.template, self.doc_style)
+
+
+# ----------------------------------------------------------------------------------------------
+# Retrievers
+
+
+def open_retriever(index: str | None, url: str | None, api: str = "native") -> Retriever:
+    """A local index (catalog name or folder) or a retrieval server; exactly one must be given."""
+    if (index is None) == (url is None):
+        raise SearchRLError("give exactly one of --index NAME_OR_DIR or --retriever-url URL")
+    if url is not None:
+        from searchrl.retrieval.http import HttpRetriever
+
+        return HttpRetriever(url, api=api)
+    from searchrl.data.catalog import open_named_index
+
+    return open_named_index(index)
+
+
+class NoRetriever(Retriever):
+    """Stands in where nothing may be retrieved (direct answers, rag's generation step)."""
+
+    def search(self, queries: list[str], k: int) -> list[list[Passage]]:
+        raise RuntimeError("this evaluation method performs no search during generation")
+
+
+# ----------------------------------------------------------------------------------------------
+# Predictions and format
+
+
+def _first_line(text: str, tags: TagSet) -> str | None:
+    for tag in tags.all_tags():
+        text = text.replace(tag, "\n")
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()
+    return None
+
+
+def predict(traj: Trajectory, method: str, tags: TagSet) -> str | None:
+    """The prediction of one trajectory (module docstring: rag/direct fall back to the first line)."""
+    policy = "".join(s.text for s in traj.segments if s.source == "policy")
+    if method == "agent":
+        if traj.answer is not None:
+            return traj.answer
+        start = policy.rfind(tags.answer_open)
+        return None if start < 0 else _first_line(policy[start + len(tags.answer_open) :], tags)
+    end = policy.find(tags.answer_close)
+    if end >= 0:
+        return policy[:end].strip()
+    return _first_line(policy, tags)
+
+
+def format_verdict(traj: Trajectory, method: str, protocol: Protocol):
+    """The rewards' format check; rag/direct as if an empty think block preceded the answer."""
+    from searchrl.rewards import check_format, check_segments
+
+    if method == "agent":
+        return check_format(traj, protocol.tags, think_opened_in_prompt=protocol.think_opened_in_prompt)
+    tags = protocol.tags
+    segments = [Segment(tags.think_close + tags.answer_open, "policy"), *traj.segments]
+    return check_segments(segments, tags, question=traj.question, think_opened_in_prompt=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Running
+
+
+def generate(cfg: EvalConfig, questions: Sequence[Question], backend, retriever: Retriever | None, progress: bool = True) -> list[Trajectory]:
+    """One greedy trajectory per question with `cfg.method`."""
+    from searchrl.rollout.engine import RolloutConfig, RolloutEngine
+
+    protocol = cfg.protocol()
+    rollout = RolloutConfig(
+        max_searches=cfg.max_searches if cfg.method == "agent" else 0,
+        k=cfg.k,
+        max_new_tokens=cfg.max_new_tokens if cfg.method == "agent" else cfg.answer_max_new_tokens,
+        greedy=True,
+        batch_size=cfg.batch_size,
+    )
+    if cfg.method == "agent":
+        return RolloutEngine(backend, retriever, protocol, rollout).run(questions, progress=progress)
+    found: list[list[Passage]] | None = None
+    if cfg.method == "rag":
+        found = []
+        for start in range(0, len(questions), cfg.batch_size):
+            batch = questions[start : start + cfg.batch_size]
+            found.extend(retriever.search([q.question for q in batch], cfg.k))
+    prompts = [
+        answer_prompt(q.question, found[i] if found is not None else None, protocol.tags, cfg.template, backend.tokenizer)
+        for i, q in enumerate(questions)
+    ]
+    trajs = RolloutEngine(backend, NoRetriever(), protocol, rollout).run(questions, prompts, progress=progress)
+    for i, (q, t) in enumerate(zip(questions, trajs)):
+        t.answer = predict(t, cfg.method, protocol.tags)
+        if found is not None:
+            t.queries, t.retrieved_ids, t.n_searches = [q.question], [[p.id for p in found[i]]], 1
+    return trajs
+
+
+def records(cfg: EvalConfig, questions: Sequence[Question], trajs: Sequence[Trajectory]) -> list[dict]:
+    """One predictions.jsonl record per trajectory: the trajectory plus gold, prediction, scores."""
+    from searchrl.metrics import answer_scores
+
+    protocol = cfg.protocol()
+    out = []
+    for q, t in zip(questions, trajs):
+        prediction = predict(t, cfg.method, protocol.tags)
+        verdict = format_verdict(t, cfg.method, protocol)
+        rec = t.to_dict(tokens=cfg.dump_tokens)
+        rec.update(
+            id=q.id,
+            answers=list(q.answers),
+            prediction=prediction,
+            method=cfg.method,
+            scores=answer_scores(prediction, q.answers),
+            format_ok=verdict.ok,
+            format_failed=list(verdict.failed),
+            supporting_ids=list(q.supporting_ids),
+            n_policy_tokens=sum(t.loss_mask),
+        )
+        out.append(rec)
+    return out
+
+
+def retrieval_recall(recs: Sequence[dict]) -> float | None:
+    """Mean over records with supporting ids of the share of them found among ALL passages the
+    trajectory retrieved (every search together); None when no record has supporting ids or the
+    method retrieves nothing."""
+    shares = []
+    for r in recs:
+        gold = set(r["supporting_ids"])
+        if gold and r["method"] != "direct":
+            seen = {pid for ids in r["retrieved_ids"] for pid in ids}
+            shares.append(len(gold & seen) / len(gold))
+    return sum(shares) / len(shares) if shares else None
+
+
+def summarize(cfg: EvalConfig, recs: Sequence[dict], seconds: float) -> dict:
+    """metrics.json: answer scores (via `score_records`, so they equal `searchrl eval score`),
+    search and format rates, policy tokens per question, retrieval recall, provenance, and
+    `seconds`: wall time of retrieval + generation (loading the model, data and index excluded)."""
+    from searchrl.eval.score import score_records
+
+    scores = score_records(recs)
+    n = len(recs)
+    mean = (lambda xs: sum(xs) / n) if n else (lambda xs: None)
+    return {
+        "n": n,
+        "em": scores["em"],
+        "f1": scores["f1"],
+        "cover_em": scores["cover_em"],
+        "cover_em_substring": scores["cover_em_substring"],
+        "mean_searches": mean([r["n_searches"] for r in recs]),
+        "search_rate": mean([r["n_searches"] >= 1 for r in recs]),
+        "mean_generated_tokens": mean([r["n_policy_tokens"] for r in recs]),
+        "format_ok_rate": mean([r["format_ok"] for r in recs]),
+        "retrieval_recall": retrieval_recall(recs),
+        "answered_rate": mean([r["prediction"] is not None for r in recs]),
+        "stop_reasons": dict(Counter(r["stop_reason"] for r in recs)),
+        "seconds": round(seconds, 2),
+        "model": cfg.model,
+        "method": cfg.method,
+        "dataset": cfg.dataset,
+        "retriever": None if cfg.method == "direct" else cfg.retriever_url or cfg.index,
+        "k": cfg.k,
+        "tags": cfg.tags,
+        "template": cfg.template,
+    }
+
+
+def metrics_markdown(metrics: dict) -> str:
+    """metrics.md: one run's metrics as a two-column Markdown table."""
+    rows = [
+        ("model", metrics["model"]),
+        ("method", metrics["method"]),
+        ("dataset", f"{metrics['dataset']} (n={metrics['n']})"),
+        ("retriever", f"{metrics['retriever']} (k={metrics['k']})" if metrics["retriever"] else "-"),
+        ("protocol", f"{metrics['tags']} / {metrics['template']}"),
+    ]
+    labels = {
+        "em": "EM %",
+        "f1": "F1 %",
+        "cover_em": "Cover-EM % (token cover, authors' code)",
+        "cover_em_substring": "Cover-EM % (substring, FlashRAG acc)",
+        "format_ok_rate": "format OK %",
+        "search_rate": "questions with >= 1 search %",
+        "retrieval_recall": "supporting passages retrieved %",
+    }
+    for key, label in labels.items():
+        rows.append((label, fmt_percent(metrics[key])))
+    rows.append(("searches / question", fmt_number(metrics["mean_searches"], 2)))
+    rows.append(("generated tokens / question", fmt_number(metrics["mean_generated_tokens"], 1)))
+    rows.append(("seconds", fmt_number(metrics["seconds"], 1)))
+    lines = ["| metric | value |", "|---|---:|"] + [f"| {a} | {b} |" for a, b in rows]
+    return "\n".join(lines) + "\n"
+
+
+def fmt_percent(value) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}"
+
+
+def fmt_number(value, digits: int) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def run_eval(cfg: EvalConfig, progress: bool = True, backend=None) -> dict:
+    """Run `cfg`, write the four files into `cfg.out`, return the metrics. `backend` may be given
+    to reuse a loaded model (tests, sweeps); it is built from `cfg.model` otherwise."""
+    from searchrl.data.catalog import load_dataset
+
+    if cfg.out is None:
+        raise SearchRLError("no output folder: give --out DIR")
+    out = Path(cfg.out)
+    questions = load_dataset(cfg.dataset)
+    if cfg.limit is not None:
+        questions = questions[: cfg.limit]
+    if not questions:
+        raise SearchRLError(f"dataset {cfg.dataset!r} holds no questions")
+    if backend is None:
+        from searchrl.rollout.backend import make_backend
+
+        backend = make_backend(cfg.backend, cfg.model)
+    retriever = open_retriever(cfg.index, cfg.retriever_url, cfg.retriever_api) if cfg.method != "direct" else None
+    started = time.perf_counter()
+    try:
+        trajs = generate(cfg, questions, backend, retriever, progress=progress)
+    finally:
+        if retriever is not None:
+            retriever.close()
+    seconds = time.perf_counter() - started
+    recs = records(cfg, questions, trajs)
+    metrics = summarize(cfg, recs, seconds)
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "predictions.jsonl").open("w", encoding="utf-8") as fh:
+        for rec in recs:
+            fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    (out / "metrics.md").write_text(metrics_markdown(metrics))
+    dump_config(cfg, out / "config.yaml")
+    return metrics
+
+
+def eval_command(config: str | None, overrides: Sequence[str], flags: dict, as_json: bool = False) -> dict:
+    """`searchrl eval run`: YAML file, then `--set` overrides, then the explicit flags win."""
+    from searchrl.config import load_config
+
+    pairs = list(overrides) + [f"{k}={json.dumps(v)}" for k, v in flags.items() if v is not None]
+    cfg = load_config(EvalConfig, config, pairs)
+    metrics = run_eval(cfg, progress=not as_json)
+    if as_json:
+        print(json.dumps(metrics))
+        return metrics
+    from rich.console import Console
+    from rich.markdown import Markdown
+
+    console = Console()
+    console.print(Markdown(metrics_markdown(metrics)))
+    console.print(f"wrote predictions.jsonl, metrics.json, metrics.md, config.yaml to {cfg.out}", highlight=False)
+    return metrics

@@ -1,0 +1,242 @@
+"""The search-interleaved rollout loop (SPEC §2), written against `GenerationBackend` and
+`Retriever` only.
+
+One batch of rollouts advances in rounds:
+
+1. every active sequence generates until the end-of-query tag, `</answer>`, EOS, or its budget;
+2. a sequence that stopped on end-of-query has its query read from the policy text written since
+   the last insertion (empty -> the rollout ends, `empty_query`; searches used up -> it ends,
+   `max_searches`, the query unserved);
+3. ALL sequences that paused for search are served by ONE `retriever.search(queries, k)` call;
+4. each documents block is tokenized on its own and appended as token ids (loss mask 0), and the
+   round repeats for the sequences still active.
+
+Tokens are recorded exactly as sampled or inserted. The documents block starts with a blank line,
+so tokenizing it standalone splits no token with the policy text before it; its ids decode back to
+exactly the block's text with byte-level BPE tokenizers (the engine warns once when a tokenizer
+does not round-trip, and records the text the model actually saw).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pydantic import Field
+
+from searchrl.config import StrictModel
+from searchrl.data.types import Question
+from searchrl.protocol import Protocol, TagSet, get_tags
+from searchrl.retrieval.base import Retriever
+from searchrl.rollout.backend import GenerationBackend, SamplingParams
+from searchrl.rollout.trajectory import Segment, Trajectory
+
+log = logging.getLogger(__name__)
+
+
+class RolloutConfig(StrictModel):
+    """How rollouts are generated. Paper settings: k=3 in training, 5 in evaluation; 8 searches at
+    most; temperature 1.0, top-p 0.95 while training; greedy for evaluation."""
+
+    max_searches: int = Field(8, ge=0, description="Searches served per rollout; the next query ends it (max_searches).")
+    k: int = Field(3, ge=1, description="Passages retrieved per query (paper: 3 in training, 5 in evaluation).")
+    max_new_tokens: int = Field(
+        512, ge=1, description="Budget of policy-sampled tokens per rollout, all turns together (documents not counted)."
+    )
+    max_tokens_per_turn: int | None = Field(
+        None, ge=1, description="Most tokens one generation turn may sample before the engine looks again; None = the whole remaining budget."
+    )
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature (paper: 1.0).")
+    top_p: float = Field(0.95, gt=0, le=1, description="Nucleus sampling mass (paper: 0.95); 1.0 disables it.")
+    greedy: bool = Field(False, description="Arg-max decoding, for evaluation; ignores temperature and top_p.")
+    seed: int | None = Field(None, description="Seed of the sampler; None draws a fresh one.")
+    samples_per_question: int = Field(1, ge=1, description="Rollouts per question (paper: 16 while training).")
+    batch_size: int = Field(64, ge=1, description="Most sequences generated together; more questions run in successive batches.")
+
+    def sampling_params(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_p, self.greedy, self.seed)
+
+
+@dataclass
+class _Rollout:
+    """A rollout under construction; `runs` are [source, token ids] in order."""
+
+    question: Question
+    prompt_ids: list[int]
+    left: int  # policy tokens still allowed
+    token_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    runs: list[list] = field(default_factory=list)
+    env_texts: list[str] = field(default_factory=list)
+    queries: list[str] = field(default_factory=list)
+    retrieved_ids: list[list[str]] = field(default_factory=list)
+    stop_reason: str | None = None
+    gen_s: float = 0.0
+    ret_s: float = 0.0
+
+    def add(self, source: str, ids: Sequence[int], logprobs: Sequence[float] | None = None) -> None:
+        if not ids:
+            return
+        self.token_ids.extend(ids)
+        self.loss_mask.extend([1 if source == "policy" else 0] * len(ids))
+        self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+        if self.runs and self.runs[-1][0] == source and source == "policy":
+            self.runs[-1][1].extend(ids)
+        else:
+            self.runs.append([source, list(ids)])
+
+    def current_policy_ids(self) -> list[int]:
+        return self.runs[-1][1] if self.runs and self.runs[-1][0] == "policy" else []
+
+
+class RolloutEngine:
+    """Turns questions into `Trajectory`s with a policy (backend) and an environment (retriever)."""
+
+    def __init__(
+        self,
+        backend: GenerationBackend,
+        retriever: Retriever,
+        protocol: Protocol | TagSet | str = "r1searcher",
+        cfg: RolloutConfig | None = None,
+    ) -> None:
+        self.backend = backend
+        self.retriever = retriever
+        if not isinstance(protocol, Protocol):
+            protocol = Protocol(tags=get_tags(protocol))
+        self.protocol = protocol
+        self.tags = protocol.tags
+        self.cfg = cfg or RolloutConfig()
+        self._warned_roundtrip = False
+
+    def run(
+        self,
+        questions: Sequence[Question],
+        prompts: Sequence[str] | None = None,
+        n: int | None = None,
+        progress: bool = False,
+    ) -> list[Trajectory]:
+        """`n` rollouts per question (default `cfg.samples_per_question`), question-major:
+        [q0 s0, q0 s1, ..., q1 s0, ...]. `prompts` default to the protocol's template."""
+        n = n or self.cfg.samples_per_question
+        if prompts is None:
+            prompts = [self.protocol.prompt(q.question, self.backend.tokenizer) for q in questions]
+        if len(prompts) != len(questions):
+            raise ValueError(f"{len(prompts)} prompts for {len(questions)} questions")
+        prompt_ids = [self.backend.encode(p, prompt=True) for p in prompts]
+        items = [(q, ids) for q, ids in zip(questions, prompt_ids) for _ in range(n)]
+        out: list[Trajectory] = []
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(items), desc="rollouts", unit="seq")
+        for start in range(0, len(items), self.cfg.batch_size):
+            out.extend(self._run_batch(items[start : start + self.cfg.batch_size], bar))
+        if bar is not None:
+            bar.close()
+        return out
+
+    # ---------------------------------------------------------------------------------------------
+    def _run_batch(self, items, bar) -> list[Trajectory]:
+        cfg, be, tags = self.cfg, self.backend, self.tags
+        rollouts = [_Rollout(q, list(ids), cfg.max_new_tokens) for q, ids in items]
+        handles = be.start([r.prompt_ids for r in rollouts], cfg.sampling_params())
+        stops = self.protocol.stop_strings()
+        active = list(range(len(rollouts)))
+        try:
+            while active:
+                turn = cfg.max_tokens_per_turn or cfg.max_new_tokens
+                t0 = time.perf_counter()
+                outs = be.generate([handles[i] for i in active], [min(turn, rollouts[i].left) for i in active], stops)
+                gen_s = time.perf_counter() - t0
+                searching: list[tuple[int, str]] = []
+                for i, o in zip(active, outs):
+                    r = rollouts[i]
+                    r.gen_s += gen_s
+                    r.add("policy", o.token_ids, o.logprobs)
+                    r.left -= len(o.token_ids)
+                    if o.finish_reason == "eos":
+                        r.stop_reason = "eos"
+                    elif o.finish_reason == "stop" and o.stop_string == tags.answer_close:
+                        r.stop_reason = "answer"
+                    elif o.finish_reason == "stop" and o.stop_string == tags.query_close:
+                        query = self.protocol.extract_query(be.decode(r.current_policy_ids()))
+                        if not query:
+                            r.stop_reason = "empty_query"
+                        elif len(r.queries) >= cfg.max_searches:
+                            r.stop_reason = "max_searches"
+                        elif r.left <= 0:  # documents it could never read
+                            r.stop_reason = "length"
+                        else:
+                            searching.append((i, query))
+                    elif r.left <= 0:
+                        r.stop_reason = "length"
+                    # else: the turn's budget ran out mid-thought; it simply goes on next round
+                if searching:
+                    self._serve(searching, rollouts, handles)
+                finished = [i for i in active if rollouts[i].stop_reason is not None]
+                be.release([handles[i] for i in finished])
+                if bar is not None:
+                    bar.update(len(finished))
+                active = [i for i in active if rollouts[i].stop_reason is None]
+        finally:
+            be.release(handles)
+        return [self._trajectory(r) for r in rollouts]
+
+    def _serve(self, searching: list[tuple[int, str]], rollouts: list[_Rollout], handles: list[int]) -> None:
+        """One batched retrieval call for every paused sequence, then the documents as tokens."""
+        queries = [q for _, q in searching]
+        t0 = time.perf_counter()
+        results = self.retriever.search(queries, self.cfg.k)
+        ret_s = time.perf_counter() - t0
+        if len(results) != len(queries):
+            raise RuntimeError(f"retriever returned {len(results)} result lists for {len(queries)} queries")
+        inserted = []
+        for (i, query), passages in zip(searching, results):
+            r = rollouts[i]
+            block = self.protocol.format_documents(passages)
+            ids = self.backend.encode(block)
+            seen = self.backend.decode(ids)
+            if seen != block and not self._warned_roundtrip:
+                self._warned_roundtrip = True
+                log.warning("the tokenizer does not round-trip documents blocks; trajectories record "
+                            "the decoded text the model saw (first block: %r vs %r)", block[:80], seen[:80])
+            r.add("env", ids)
+            r.env_texts.append(seen)
+            r.queries.append(query)
+            r.retrieved_ids.append([p.id for p in passages])
+            r.ret_s += ret_s
+            inserted.append(ids)
+        self.backend.append([handles[i] for i, _ in searching], inserted)
+
+    def _trajectory(self, r: _Rollout) -> Trajectory:
+        eos = self.backend.eos_token_ids
+        segments: list[Segment] = []
+        env_texts = iter(r.env_texts)
+        for source, ids in r.runs:
+            if source == "env":
+                segments.append(Segment(next(env_texts), "env"))
+                continue
+            # The EOS token stays in token_ids (it was sampled) but is no text of the response.
+            text_ids = ids[:-1] if ids and ids[-1] in eos and r.stop_reason == "eos" and ids is r.runs[-1][1] else ids
+            if text_ids:
+                segments.append(Segment(self.backend.decode(text_ids), "policy"))
+        policy_text = "".join(s.text for s in segments if s.source == "policy")
+        return Trajectory(
+            question_id=r.question.id,
+            question=r.question.question,
+            prompt_ids=r.prompt_ids,
+            token_ids=r.token_ids,
+            loss_mask=r.loss_mask,
+            logprobs=r.logprobs,
+            segments=segments,
+            queries=r.queries,
+            retrieved_ids=r.retrieved_ids,
+            n_searches=len(r.queries),
+            answer=self.protocol.extract_answer(policy_text),
+            stop_reason=r.stop_reason or "length",
+            timing={"generation_s": r.gen_s, "retrieval_s": r.ret_s},
+        )

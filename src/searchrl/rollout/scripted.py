@@ -1,0 +1,106 @@
+"""`ScriptedBackend`: a `GenerationBackend` whose "policy" is a Python function, for tests of the
+rollout engine, rewards and trainer plumbing without a model.
+
+`respond(text) -> str` receives the whole sequence so far (prompt + response, documents
+included) and returns what the policy writes next. The backend tokenizes it with a real
+tokenizer and streams the tokens exactly like a model would: it stops on a stop string, an EOS
+token or the budget, and throws the rest away (the next call asks `respond` again, seeing the
+documents the engine appended). Append the tokenizer's EOS text to end a sequence with EOS.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from searchrl.rollout.backend import BackendStats, Continuation, GenerationBackend, SamplingParams
+
+
+@dataclass
+class _Scripted:
+    ids: list[int]
+    stream: list[int] = field(default_factory=list)  # tokens `respond` wrote, not emitted yet
+
+
+class ScriptedBackend(GenerationBackend):
+    """Deterministic stand-in for a model. `calls` logs ("generate" | "append" | "release", handles).
+
+    Log-probs are fake but distinct: -(1 + position % 5) / 10 for the token at that position.
+    """
+
+    def __init__(self, tokenizer, respond: Callable[[str], str]) -> None:
+        self._tok = tokenizer
+        self.respond = respond
+        self.stats = BackendStats()
+        self.calls: list[tuple[str, list[int]]] = []
+        self._seqs: dict[int, _Scripted] = {}
+        self._next = 0
+
+    @property
+    def tokenizer(self):
+        return self._tok
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return frozenset([self._tok.eos_token_id])
+
+    def encode(self, text: str, *, prompt: bool = False) -> list[int]:
+        return list(self._tok(text, add_special_tokens=prompt)["input_ids"])
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self._tok.decode(list(token_ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def start(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[int]:
+        handles = []
+        for ids in prompts:
+            self._seqs[self._next] = _Scripted(list(ids))
+            handles.append(self._next)
+            self._next += 1
+        return handles
+
+    def generate(self, handles, max_new_tokens, stop=()) -> list[Continuation]:
+        handles = list(handles)
+        self.calls.append(("generate", handles))
+        budgets = [max_new_tokens] * len(handles) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        return [self._continue(self._seqs[h], b, [s for s in stop if s]) for h, b in zip(handles, budgets)]
+
+    def _continue(self, seq: _Scripted, budget: int, stop: list[str]) -> Continuation:
+        out = Continuation([], [], "length")
+        start = len(seq.ids)
+        while len(out.token_ids) < budget:
+            if not seq.stream:
+                seq.stream = self.encode(self.respond(self.decode(seq.ids)))
+                if not seq.stream:
+                    raise ValueError("the scripted policy wrote nothing; end a script with the EOS text")
+            t = seq.stream.pop(0)
+            seq.ids.append(t)
+            out.token_ids.append(t)
+            out.logprobs.append(-(1 + (len(seq.ids) - 1) % 5) / 10)
+            self.stats.generated_tokens += 1
+            new_text = self.decode(seq.ids[start:])
+            before = self.decode(seq.ids[start:-1])
+            hit = next((s for s in stop if s in new_text and s not in before), None)
+            if hit is not None:
+                out.finish_reason, out.stop_string = "stop", hit
+                seq.stream = []
+                break
+            if t in self.eos_token_ids:
+                out.finish_reason = "eos"
+                break
+        return out
+
+    def append(self, handles, token_ids) -> None:
+        handles = list(handles)
+        self.calls.append(("append", handles))
+        for h, ids in zip(handles, token_ids, strict=True):
+            seq = self._seqs[h]
+            seq.ids.extend(ids)
+            seq.stream = []  # the policy reacts to what it now sees
+            self.stats.prefill_tokens += len(ids)
+
+    def release(self, handles) -> None:
+        handles = [h for h in handles if h in self._seqs]
+        if handles:
+            self.calls.append(("release", handles))
+        for h in handles:
+            self._seqs.pop(h)

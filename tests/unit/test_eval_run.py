@@ -1,0 +1,360 @@
+"""`searchrl eval run` / `eval compare` / `ask`: scripted policies for exact numbers, the
+tiny-random model through the CLI for the plumbing (files, keys, errors)."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from searchrl.ask import StreamingBackend, ask
+from searchrl.assets import load_tokenizer
+from searchrl.cli import app
+from searchrl.data.types import Passage, Question
+from searchrl.errors import SearchRLError
+from searchrl.eval.compare import compare_markdown
+from searchrl.eval.run import EvalConfig, answer_prompt, predict, run_eval
+from searchrl.eval.score import score_file
+from searchrl.protocol import SEARCH_R1_TAGS, format_documents
+from searchrl.retrieval.index import build_index, open_index
+from searchrl.rollout.backend import SamplingParams
+from searchrl.rollout.scripted import ScriptedBackend
+from searchrl.rollout.trajectory import Segment, Trajectory
+
+PASSAGES = [
+    Passage("p1", "Quellbridge", "Quellbridge is a market town on the river Tessaly."),
+    Passage("p2", "Tessaly", "The Tessaly flows into Orrin Bay after eighty kilometres."),
+    Passage("p3", "Vantrel X2", "The Vantrel X2 is a compact camera made by Orrin Optics."),
+    Passage("p4", "Orrin Optics", "Orrin Optics is a camera maker founded by Dagny Halvorsen."),
+    Passage("p5", "Harbel Observatory", "Harbel Observatory opened in 1901 on Mount Harbel."),
+    Passage("p6", "Dagny Halvorsen", "Dagny Halvorsen was an engineer born in the port of Velmar."),
+]
+QUESTIONS = [
+    Question("q1", "Which river flows through Quellbridge?", ("Tessaly",), ("p1",)),
+    Question("q2", "Who founded the maker of the Vantrel X2?", ("Dagny Halvorsen",), ("p3", "p4")),
+    Question("q3", "When did Harbel Observatory open?", ("1901",), ()),
+]
+EOS = "<|im_end|>"
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A six-passage BM25 index and a three-question file."""
+    root = tmp_path_factory.mktemp("world")
+    build_index(PASSAGES, root / "index", "bm25", progress=False)
+    questions = root / "questions.jsonl"
+    questions.write_text("".join(json.dumps(q.to_dict()) + "\n" for q in QUESTIONS))
+    return root / "index", questions
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer("tiny-random")
+
+
+def _question_of(text: str) -> str:
+    last = text.rsplit("User: ", 1)[1]
+    return re.search(r"Question: (.*)\n", last).group(1) if last.startswith("Documents:") else last.split("\n")[0]
+
+
+# The agent: q1 searches once and answers right; q2 searches twice and names the wrong entity;
+# q3 answers from memory with an extra word (EM 0, F1 2/3, cover 1).
+AGENT = {
+    "Which river flows through Quellbridge?": [" <search>Quellbridge river</search>", " It is the Tessaly.</think>\n<answer>Tessaly</answer>"],
+    "Who founded the maker of the Vantrel X2?": [" <search>Vantrel X2</search>", " <search>Orrin Optics</search>", "</think>\n<answer>Orrin Optics</answer>"],
+    "When did Harbel Observatory open?": [" I recall it.</think>\n<answer>1901 AD</answer>"],
+}
+
+
+def agent_policy(text: str) -> str:
+    turn = text.rsplit("User:", 1)[1].count(SEARCH_R1_TAGS.docs_open)
+    return AGENT[_question_of(text)][turn]
+
+
+def answer_policy(text: str) -> str:
+    """rag/direct: answers from the documents when the prompt has them; q3 never closes the tag."""
+    q = _question_of(text)
+    if q.startswith("When"):
+        return "1901\nand more words" + EOS
+    if "Documents:" in text.rsplit("User: ", 1)[1]:
+        return {"Which": "Tessaly", "Who": "Dagny Halvorsen"}[q.split()[0]] + "</answer>"
+    return "Paris</answer>"
+
+
+def _cfg(world, tmp_path, method, **kw):
+    index, questions = world
+    retrieval = {} if method == "direct" else {"index": str(index)}
+    return EvalConfig(method=method, dataset=str(questions), tags="search-r1", k=2, out=str(tmp_path / method), **retrieval, **kw)
+
+
+def _lines(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_agent_run_numbers(world, tmp_path, tokenizer):
+    metrics = run_eval(_cfg(world, tmp_path, "agent"), progress=False, backend=ScriptedBackend(tokenizer, agent_policy))
+    recs = _lines(tmp_path / "agent" / "predictions.jsonl")
+    assert [r["prediction"] for r in recs] == ["Tessaly", "Orrin Optics", "1901 AD"]
+    assert [r["n_searches"] for r in recs] == [1, 2, 0]
+    assert recs[1]["queries"] == ["Vantrel X2", "Orrin Optics"]
+    assert recs[1]["retrieved_ids"][0][0] == "p3" and recs[1]["retrieved_ids"][1][0] == "p4"
+    assert all(r["format_ok"] and r["format_failed"] == [] for r in recs)
+    assert recs[0]["scores"] == {"em": 1.0, "f1": 1.0, "cem": 1.0, "cem_substr": 1.0}
+    assert metrics["em"] == pytest.approx(1 / 3)
+    assert metrics["f1"] == pytest.approx((1 + 0 + 2 / 3) / 3)
+    assert metrics["cover_em"] == pytest.approx(2 / 3)
+    assert metrics["mean_searches"] == pytest.approx(1.0)
+    assert metrics["search_rate"] == pytest.approx(2 / 3)
+    assert metrics["retrieval_recall"] == pytest.approx(1.0)  # q3 has no supporting ids: not counted
+    assert metrics["format_ok_rate"] == 1.0
+    assert metrics["stop_reasons"] == {"answer": 3}
+    assert metrics["mean_generated_tokens"] == pytest.approx(sum(r["n_policy_tokens"] for r in recs) / 3)
+    assert "token_ids" not in recs[0]  # no --dump-tokens
+
+
+def test_rag_and_direct_numbers_and_fallback(world, tmp_path, tokenizer):
+    rag = run_eval(_cfg(world, tmp_path, "rag"), progress=False, backend=ScriptedBackend(tokenizer, answer_policy))
+    recs = _lines(tmp_path / "rag" / "predictions.jsonl")
+    # The answer tag is opened by the prompt; q3 never closes it -> its first line.
+    assert [r["prediction"] for r in recs] == ["Tessaly", "Dagny Halvorsen", "1901"]
+    assert [r["format_ok"] for r in recs] == [True, True, False]
+    assert "answer" in recs[2]["format_failed"]
+    assert [r["stop_reason"] for r in recs] == ["answer", "answer", "eos"]
+    # One retrieval with the question as query, recorded like a search.
+    assert [r["queries"] for r in recs] == [[q.question] for q in QUESTIONS]
+    assert [r["retrieved_ids"] for r in recs] == [[["p1", "p2"]], [["p3", "p4"]], [["p5"]]]  # BM25: matches only
+    assert all(r["n_searches"] == 1 for r in recs)
+    assert (rag["em"], rag["search_rate"], rag["mean_searches"]) == (1.0, 1.0, 1.0)
+    assert rag["format_ok_rate"] == pytest.approx(2 / 3)
+    assert all(s["source"] == "policy" for r in recs for s in r["segments"])
+
+    direct = run_eval(_cfg(world, tmp_path, "direct"), progress=False, backend=ScriptedBackend(tokenizer, answer_policy))
+    recs = _lines(tmp_path / "direct" / "predictions.jsonl")
+    assert [r["prediction"] for r in recs] == ["Paris", "Paris", "1901"]
+    assert all(r["n_searches"] == 0 and r["retrieved_ids"] == [] for r in recs)
+    assert direct["em"] == pytest.approx(1 / 3)
+    assert (direct["search_rate"], direct["retrieval_recall"]) == (0.0, None)
+
+
+def test_prompts_and_prediction_rules():
+    docs_prompt = answer_prompt("Q?", PASSAGES[:2], SEARCH_R1_TAGS, "base")
+    assert docs_prompt.endswith(
+        "User: Documents:\n(1) Title: Quellbridge\nQuellbridge is a market town on the river Tessaly.\n"
+        "(2) Title: Tessaly\nThe Tessaly flows into Orrin Bay after eighty kilometres.\n\n"
+        "Question: Q?\nAssistant: <answer>"
+    )
+    assert docs_prompt.count("User:") == 1 and "using the documents" in docs_prompt
+    direct = answer_prompt("Q?", None, SEARCH_R1_TAGS, "base")
+    assert "Documents" not in direct and "documents" not in direct
+    # Few-shot: the worked examples, shown in this format, with their passages for rag only.
+    shots = answer_prompt("Q?", PASSAGES[:1], SEARCH_R1_TAGS, "fewshot")
+    assert shots.count("User: Documents:") == 3 and "Assistant: <answer>Dagny Halvorsen</answer>" in shots
+    assert "(1) Title: Vantrel X2" in shots
+    shots = answer_prompt("Q?", None, SEARCH_R1_TAGS, "fewshot")
+    assert shots.count("User: ") == 3 and "Documents" not in shots and "Tessaly</answer>" in shots
+
+    def traj(text, answer=None):
+        return Trajectory("q", "Q?", [], [], [], [], [Segment(text, "policy")], answer=answer)
+
+    assert predict(traj("x</answer>"), "rag", SEARCH_R1_TAGS) == "x"
+    assert predict(traj("\n  <search>  \n Velmar port\nmore"), "direct", SEARCH_R1_TAGS) == "Velmar port"
+    assert predict(traj(""), "direct", SEARCH_R1_TAGS) is None
+    assert predict(traj("thinking only"), "agent", SEARCH_R1_TAGS) is None
+    assert predict(traj("</think><answer> Velmar\nport"), "agent", SEARCH_R1_TAGS) == "Velmar"  # budget cut
+    assert predict(traj("...", answer="Velmar"), "agent", SEARCH_R1_TAGS) == "Velmar"
+
+
+def test_config_errors(world):
+    index, _ = world
+    with pytest.raises(ValueError, match="not both"):
+        EvalConfig(index=str(index), retriever_url="http://127.0.0.1:1")
+    with pytest.raises(ValueError, match="give an index"):
+        EvalConfig(method="rag")
+    with pytest.raises(SearchRLError, match="unknown prompt template"):
+        EvalConfig(method="direct", template="nope")
+    assert EvalConfig(method="direct").index is None  # direct needs no retriever
+
+
+# -------------------------------------------------------------------------------- the CLI
+
+
+def _cli_run(world, out, method, *extra):
+    index, questions = world
+    args = ["eval", "run", "--method", method, "--model", "tiny-random", "--dataset", str(questions),
+            "--limit", "3", "--max-new-tokens", "12", "--answer-max-new-tokens", "12", "--tags", "search-r1", "--out", str(out), "--json", *extra]
+    if method != "direct":
+        args += ["--index", str(index)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, (result.output, result.exception)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+METRIC_KEYS = {"n", "em", "f1", "cover_em", "cover_em_substring", "mean_searches", "mean_generated_tokens",
+               "format_ok_rate", "search_rate", "retrieval_recall", "seconds", "model", "method", "dataset"}
+RECORD_KEYS = {"question_id", "question", "segments", "queries", "retrieved_ids", "n_searches", "answer",
+               "stop_reason", "answers", "prediction", "method", "scores", "format_ok", "format_failed", "supporting_ids"}
+
+
+@pytest.mark.parametrize("method", ["agent", "rag", "direct"])
+def test_cli_tiny_random_writes_four_files(world, tmp_path, method):
+    out = tmp_path / method
+    printed = _cli_run(world, out, method, "--dump-tokens")
+    assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "metrics.json", "metrics.md", "predictions.jsonl"]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics == printed and METRIC_KEYS <= set(metrics)
+    assert (metrics["n"], metrics["model"], metrics["method"]) == (3, "tiny-random", method)
+    recs = _lines(out / "predictions.jsonl")
+    assert len(recs) == 3 and all(RECORD_KEYS <= set(r) for r in recs)
+    assert [r["answers"] for r in recs] == [list(q.answers) for q in QUESTIONS]
+    for r in recs:  # --dump-tokens: the exact tokens, policy budget respected
+        assert len(r["token_ids"]) == len(r["loss_mask"]) == len(r["logprobs"]) and r["prompt_ids"]
+        assert sum(r["loss_mask"]) == r["n_policy_tokens"] <= 12
+    scores = score_file(out / "predictions.jsonl")
+    for key in ("n", "em", "f1", "cover_em", "cover_em_substring"):
+        assert metrics[key] == scores[key]
+    assert metrics["mean_searches"] == sum(r["n_searches"] for r in recs) / 3
+    assert metrics["format_ok_rate"] == sum(r["format_ok"] for r in recs) / 3
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    assert (config["method"], config["limit"], config["max_new_tokens"], config["dump_tokens"]) == (method, 3, 12, True)
+    md = (out / "metrics.md").read_text()
+    assert md.startswith("| metric | value |") and f"| method | {method} |" in md
+
+
+def test_cli_config_file_and_overrides(world, tmp_path):
+    _, questions = world
+    cfg = tmp_path / "eval.yaml"
+    cfg.write_text(yaml.safe_dump({"method": "direct", "model": "tiny-random", "dataset": str(questions), "limit": 1,
+                                   "max_new_tokens": 20}))
+    result = runner.invoke(app, ["eval", "run", "--config", str(cfg), "--set", "max_new_tokens=4",
+                                 "--limit", "2", "--out", str(tmp_path / "o"), "--json"])
+    assert result.exit_code == 0, result.output
+    saved = yaml.safe_load((tmp_path / "o" / "config.yaml").read_text())
+    assert (saved["method"], saved["limit"], saved["max_new_tokens"]) == ("direct", 2, 4)
+    assert json.loads((tmp_path / "o" / "metrics.json").read_text())["n"] == 2
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--method", "agent"], "give an index"),
+        (["--index", "x", "--retriever-url", "http://127.0.0.1:9"], "not both"),
+        (["--method", "search"], "method"),
+        (["--method", "direct", "--template", "nope"], "unknown prompt template"),
+        (["--method", "direct", "--dataset", "no-such-set"], "unknown dataset"),
+        (["--method", "direct"], "--out"),
+        (["--method", "direct", "--set", "tempreature=1"], "tempreature"),
+    ],
+)
+def test_cli_errors(tmp_path, extra, message):
+    out = [] if extra[-1] == "direct" and message == "--out" else ["--out", str(tmp_path / "o")]
+    result = runner.invoke(app, ["eval", "run", "--model", "tiny-random", *extra, *out])
+    assert isinstance(result.exception, SearchRLError), (result.output, result.exception)
+    assert message in str(result.exception)
+    assert not (tmp_path / "o" / "metrics.json").exists()
+
+
+def test_compare_two_runs(world, tmp_path, tokenizer):
+    run_eval(_cfg(world, tmp_path, "agent"), progress=False, backend=ScriptedBackend(tokenizer, agent_policy))
+    run_eval(_cfg(world, tmp_path, "direct"), progress=False, backend=ScriptedBackend(tokenizer, answer_policy))
+    folders = [tmp_path / "agent", tmp_path / "direct"]
+    md = compare_markdown(folders)
+    lines = md.strip().splitlines()
+    assert lines[0].startswith("| run | model | method | dataset | n | EM % |")
+    assert len(lines) == 4
+    assert lines[2].startswith("| agent | smollm2-135m | agent |") and "| 33.3 |" in lines[2]
+    assert lines[3].startswith("| direct | smollm2-135m | direct |") and "n/a" in lines[3]  # no recall
+    result = runner.invoke(app, ["eval", "compare", *map(str, folders), "--out", str(tmp_path / "cmp.md")],
+                           env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "cmp.md").read_text() == md
+    assert "agent" in result.stdout and "direct" in result.stdout
+    result = runner.invoke(app, ["eval", "compare", str(tmp_path / "nothing")])
+    assert isinstance(result.exception, SearchRLError) and "metrics.json" in str(result.exception)
+
+
+# -------------------------------------------------------------------------------- ask
+
+
+def test_ask_json_is_a_trajectory(world):
+    index, _ = world
+    result = runner.invoke(app, ["ask", "Which river flows through Quellbridge?", "--model", "tiny-random",
+                                 "--index", str(index), "--max-new-tokens", "10", "--json"])
+    assert result.exit_code == 0, (result.output, result.exception)
+    traj = Trajectory.from_dict(json.loads(result.stdout))
+    assert traj.question == "Which river flows through Quellbridge?"
+    assert 0 < sum(traj.loss_mask) <= 10 and len(traj.token_ids) == len(traj.loss_mask)
+
+
+def test_ask_live_view_shows_queries_titles_and_answer(world, tokenizer):
+    from rich.console import Console
+
+    index, _ = world
+    console = Console(file=io.StringIO(), width=100, color_system=None)
+    traj = ask("Who founded the maker of the Vantrel X2?", index=str(index), tags="search-r1", k=2, console=console,
+               backend=ScriptedBackend(tokenizer, agent_policy), chunk=10_000)
+    shown = console.file.getvalue()
+    assert traj.answer == "Orrin Optics" and traj.n_searches == 2
+    for piece in ("search 1", "Vantrel X2", "search 2", "1. Vantrel X2", "1. Orrin Optics", "[p3]", "answer", "2 searches ·"):
+        assert piece in shown, piece
+    assert shown.index("search 1") < shown.index("search 2") < shown.rindex("Orrin Optics")
+    assert "<information>" not in shown  # documents are shown as titles, not inserted text
+
+
+def test_streaming_backend_matches_one_call(tokenizer):
+    """Pieces of 3 tokens add up to the same greedy continuation, stop string included, and the
+    text handed out is exactly the decoded continuation."""
+    from searchrl.rollout.hf_backend import HFBackend
+
+    backend = HFBackend.from_model_name("tiny-random")
+    prompts = [backend.encode("User: Which river?\nAssistant: <think>", prompt=True), backend.encode("Hello there", prompt=True)]
+    greedy = SamplingParams(greedy=True)
+    whole = backend.generate(backend.start(prompts, greedy), 40)
+    # A stop string that the model will write: a piece of its own greedy output.
+    stop = backend.decode(whole[0].token_ids[20:23])
+    whole = backend.generate(backend.start(prompts, greedy), 40, [stop])
+    seen: dict[int, str] = {}
+    streaming = StreamingBackend(backend, lambda h, text: seen.__setitem__(h, seen.get(h, "") + text), chunk=3)
+    handles = streaming.start(prompts, greedy)
+    pieces = streaming.generate(handles, 40, [stop])
+    for a, b, h in zip(whole, pieces, handles):
+        assert (b.token_ids, b.finish_reason, b.stop_string) == (a.token_ids, a.finish_reason, a.stop_string)
+        assert b.logprobs == pytest.approx(a.logprobs, abs=1e-4)
+        eos = backend.eos_token_ids
+        assert seen.get(h, "") == backend.decode([t for t in b.token_ids if t not in eos])
+    assert whole[0].finish_reason == "stop"
+
+
+def test_env_segments_of_agent_are_documents(world, tmp_path, tokenizer):
+    """--dump-tokens on the scripted agent: mask-0 runs decode to the documents blocks."""
+    index, _ = world
+    run_eval(_cfg(world, tmp_path, "agent", dump_tokens=True), progress=False, backend=ScriptedBackend(tokenizer, agent_policy))
+    retriever = open_index(index)
+    for r in _lines(tmp_path / "agent" / "predictions.jsonl"):
+        runs, prev = [], 1
+        for t, m in zip(r["token_ids"], r["loss_mask"]):
+            if m == 0:
+                if prev == 1:
+                    runs.append([])
+                runs[-1].append(t)
+            prev = m
+        expected = [format_documents(retriever.search([q], 2)[0], SEARCH_R1_TAGS) for q in r["queries"]]
+        assert [tokenizer.decode(run) for run in runs] == expected
+
+
+@pytest.mark.parametrize("api", ["native", "search-r1"])
+def test_rag_through_a_retrieval_server_matches_the_local_index(world, tmp_path, tokenizer, api):
+    from searchrl.retrieval.server import serve_in_background
+
+    index, _ = world
+    local = run_eval(_cfg(world, tmp_path / "local", "rag"), progress=False, backend=ScriptedBackend(tokenizer, answer_policy))
+    with serve_in_background(open_index(index)) as url:
+        cfg = _cfg(world, tmp_path / "http", "rag").model_copy(update={"index": None, "retriever_url": url, "retriever_api": api})
+        remote = run_eval(cfg, progress=False, backend=ScriptedBackend(tokenizer, answer_policy))
+    ids = [[r["retrieved_ids"] for r in _lines(tmp_path / where / "rag" / "predictions.jsonl")] for where in ("local", "http")]
+    assert ids[0] == ids[1]
+    assert remote["retriever"] == url and remote["em"] == local["em"] == 1.0
