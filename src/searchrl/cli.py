@@ -230,22 +230,24 @@ def eval_run(
     template: str | None = typer.Option(None, "--template", help="Prompt template: base (default), chat, fewshot, fewshot-chat or a file."),
     doc_style: str | None = typer.Option(None, "--doc-style", help="Documents lines: r1searcher (default) or title-lines."),
     max_searches: int | None = typer.Option(None, "--max-searches", min=0, help="Searches per agent rollout (default 8)."),
-    max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", min=1, help="Policy tokens per question, all turns (default 512)."),
+    max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", min=1, help="Agent: policy tokens per question, all turns (default 512)."),
+    answer_max_new_tokens: int | None = typer.Option(None, "--answer-max-new-tokens", min=1, help="Rag/direct: tokens for the answer (default 64)."),
     batch_size: int | None = typer.Option(None, "--batch-size", min=1, help="Questions generated together (default 16)."),
     dump_tokens: bool | None = typer.Option(None, "--dump-tokens/--no-dump-tokens", help="Write token ids, loss mask and log-probs into predictions.jsonl."),
     out: str | None = typer.Option(None, "--out", help="Output folder: predictions.jsonl, metrics.json, metrics.md, config.yaml."),
     config: str | None = typer.Option(None, "--config", help="YAML file of EvalConfig fields; flags given here win over it."),
-    overrides: list[str] = typer.Option([], "--set", help="key=value override of an EvalConfig field (repeatable)."),
+    overrides: list[str] | None = typer.Option(None, "--set", help="key=value override of an EvalConfig field (repeatable)."),
     as_json: bool = typer.Option(False, "--json", help="Print metrics as one JSON object (no progress bar, no table)."),
 ) -> None:
     """Evaluate a model on a dataset (agent | rag | direct); write predictions and metrics."""
     from searchrl.eval.run import eval_command
 
-    flags = dict(method=method, model=model, dataset=dataset, index=index, retriever_url=retriever_url,
-                 retriever_api=retriever_api, limit=limit, k=k, tags=tags, template=template, doc_style=doc_style,
-                 max_searches=max_searches, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                 dump_tokens=dump_tokens, out=out)
-    eval_command(config, overrides, flags, as_json)
+    flags = {"method": method, "model": model, "dataset": dataset, "index": index, "retriever_url": retriever_url,
+             "retriever_api": retriever_api, "limit": limit, "k": k, "tags": tags, "template": template,
+             "doc_style": doc_style, "max_searches": max_searches, "max_new_tokens": max_new_tokens,
+             "answer_max_new_tokens": answer_max_new_tokens, "batch_size": batch_size,
+             "dump_tokens": dump_tokens, "out": out}
+    eval_command(config, overrides or [], flags, as_json)
 
 
 @eval_app.command("compare")
@@ -310,6 +312,21 @@ def plot(
     from searchrl.eval.plots import plot_command
 
     plot_command(Path(run), Path(out) if out else None, window)
+
+
+# --- demo ---
+@app.command()
+def demo(
+    out: str = typer.Option("runs/demo", "--out", help="Folder for everything the demo writes (training run in OUT/train)."),
+    config: str = typer.Option("demo-cpu", "--config", help="Training recipe: packaged name (demo-cpu) or YAML path."),
+    eval_limit: int = typer.Option(40, "--eval-limit", help="Toy-world test questions evaluated before and after."),
+    no_train: bool = typer.Option(False, "--no-train", help="Only build, serve and evaluate the untrained model."),
+    overrides: list[str] = typer.Argument(None, help="key=value overrides of the training config, e.g. stage1.steps=4."),
+) -> None:
+    """The whole method on the embedded default: toy world, index, server, evaluate, train both stages, report."""
+    from searchrl.demo import DemoConfig, run_demo
+
+    run_demo(DemoConfig(out=out, train_config=config, eval_limit=eval_limit, train=not no_train), overrides or [])
 
 
 def main() -> None:
