@@ -1,0 +1,99 @@
+"""Training curves of a run, in the style of the paper's training-dynamics figures: reward,
+response length, searches per rollout, format-ok rate and answer F1 against the step, both stages
+on one axis with the stage boundary marked. Reads only `metrics.jsonl`; draws with matplotlib Agg.
+"""
+
+from __future__ import annotations
+
+from itertools import pairwise
+from pathlib import Path
+
+from searchrl.errors import SearchRLError
+
+# (metrics key, title, y label)
+CURVES = (
+    ("reward", "Training reward", "reward"),
+    ("response_tokens", "Response length", "policy tokens per rollout"),
+    ("searches", "Searches per rollout", "searches"),
+    ("format_ok", "Format correct", "share of rollouts"),
+    ("answer_f1", "Answer F1", "F1"),
+)
+_STAGE_COLORS = {1: "tab:blue", 2: "tab:orange"}
+
+
+def _smooth(values: list[float], window: int) -> list[float]:
+    """Trailing moving average (the first points average what exists so far)."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def _draw(ax, records: list[dict], key: str, title: str, ylabel: str, window: int) -> None:
+    for stage in sorted({r["stage"] for r in records}):
+        pts = [(r["step"], r[key]) for r in records if r["stage"] == stage and r.get(key) is not None]
+        if not pts:
+            continue
+        steps, values = zip(*pts)
+        color = _STAGE_COLORS.get(stage, "tab:gray")
+        ax.plot(steps, values, color=color, alpha=0.3, linewidth=1)
+        ax.plot(steps, _smooth(list(values), window), color=color, linewidth=2, label=f"Stage {stage}")
+    stages = sorted({r["stage"] for r in records})
+    for prev, nxt in pairwise(stages):
+        last = max(r["step"] for r in records if r["stage"] == prev)
+        first = min(r["step"] for r in records if r["stage"] == nxt)
+        ax.axvline((last + first) / 2, color="black", linestyle="--", linewidth=1)
+    ax.set_title(title)
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+
+
+def plot_run(run_dir: Path, out: Path | None = None, window: int | None = None) -> list[Path]:
+    """Write one PNG per curve plus `training_curves.png` (all of them); returns the paths.
+
+    `window`: moving-average width over steps (default: about a tenth of the run, at least 1).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from searchrl.rl.logging import read_metrics
+
+    run_dir = Path(run_dir)
+    records = read_metrics(run_dir)
+    if not records:
+        raise SearchRLError(f"{run_dir / 'metrics.jsonl'} is missing or empty; pass the directory of a `searchrl train` run")
+    out = Path(out) if out is not None else run_dir / "plots"
+    out.mkdir(parents=True, exist_ok=True)
+    window = window or max(1, len(records) // 10)
+    written = []
+    fig_all, axes = plt.subplots(1, len(CURVES), figsize=(4.2 * len(CURVES), 3.6))
+    for ax_all, (key, title, ylabel) in zip(axes, CURVES):
+        fig, ax = plt.subplots(figsize=(5, 3.6))
+        _draw(ax, records, key, title, ylabel, window)
+        ax.legend(loc="best", fontsize=8)
+        fig.tight_layout()
+        path = out / f"{key}.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+        _draw(ax_all, records, key, title, ylabel, window)
+    axes[0].legend(loc="best", fontsize=8)
+    fig_all.suptitle(run_dir.name)
+    fig_all.tight_layout()
+    path = out / "training_curves.png"
+    fig_all.savefig(path, dpi=110)
+    plt.close(fig_all)
+    written.append(path)
+    return written
+
+
+def plot_command(run: Path, out: Path | None, window: int | None) -> None:
+    """`searchrl plot RUN`: draw the curves and say where they went."""
+    paths = plot_run(run, out, window)
+    print(f"wrote {len(paths)} plots to {paths[0].parent} (all curves: {paths[-1].name})")

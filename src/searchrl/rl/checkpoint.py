@@ -1,0 +1,111 @@
+"""Checkpoints of a training run: `checkpoints/step_XXXX/` = `save_pretrained` model + tokenizer
++ `trainer_state.pt`, written into a hidden temp folder and renamed into place, so a folder named
+`step_XXXX` is always complete; `checkpoints/latest` names the newest one and is written last.
+
+Resuming picks the highest complete `step_XXXX` (the pointer is checked, not trusted: a crash
+between the rename and the pointer write leaves the pointer one checkpoint behind).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from searchrl.errors import SearchRLError
+
+STATE_FILE = "trainer_state.pt"
+LATEST = "latest"
+_NAME = re.compile(r"^step_(\d+)$")
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step_{step:04d}"
+
+
+def rng_state() -> dict:
+    """Python, numpy and torch (CPU and every CUDA device) generator states."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict) -> Path:
+    """Write `checkpoints/step_XXXX` atomically, then point `checkpoints/latest` at it."""
+    root = Path(run_dir) / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    name = checkpoint_name(step)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        torch.save(state, tmp / STATE_FILE)  # last: its presence marks the folder complete
+        tmp.chmod(0o755)
+        final = root / name
+        if final.exists():  # the same step saved again after a resume: replace it
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    pointer = root / f".{LATEST}.tmp"
+    pointer.write_text(name + "\n")
+    os.replace(pointer, root / LATEST)
+    return final
+
+
+def complete_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of every complete checkpoint, oldest first; temp folders are ignored."""
+    root = Path(run_dir) / "checkpoints"
+    found = []
+    for path in root.iterdir() if root.is_dir() else []:
+        m = _NAME.match(path.name)
+        if m and path.is_dir() and (path / STATE_FILE).is_file():
+            found.append((int(m.group(1)), path))
+    return sorted(found)
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint of a run, or None when it has none."""
+    found = complete_checkpoints(run_dir)
+    return found[-1][1] if found else None
+
+
+def clean_temp(run_dir: Path) -> None:
+    """Remove half-written checkpoint folders a killed run left behind."""
+    root = Path(run_dir) / "checkpoints"
+    for path in root.glob(".step_*.tmp-*") if root.is_dir() else []:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def load_state(ckpt: Path) -> dict:
+    # Our own file with numpy RNG arrays and optimizer tensors: weights_only would refuse it.
+    try:
+        return torch.load(Path(ckpt) / STATE_FILE, map_location="cpu", weights_only=False)
+    except Exception as exc:  # noqa: BLE001  (unpickling fails in many ways; all mean 'unreadable')
+        raise SearchRLError(f"cannot read {Path(ckpt) / STATE_FILE} ({exc}); delete that checkpoint folder to resume from an older one") from None
+
+
+def prune(run_dir: Path, keep_last: int | None, protected: set[str]) -> None:
+    """Delete all but the `keep_last` newest checkpoints, never one named in `protected`."""
+    if keep_last is None:
+        return
+    found = complete_checkpoints(run_dir)
+    for _, path in found[: max(len(found) - keep_last, 0)]:
+        if path.name not in protected:
+            shutil.rmtree(path, ignore_errors=True)

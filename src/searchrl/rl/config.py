@@ -1,0 +1,169 @@
+"""`TrainConfig`: the one typed tree of a training run (SPEC §4-5). Every field's description is
+its help text; YAML files in `configs/` fill it and `key=value` overrides adjust it.
+
+Paper settings (R1-Searcher, Song et al. 2025, arXiv:2503.05592, §4.2): Reinforce++ with a group
+baseline, lr 2e-6, 16 samples per prompt, temperature 1.0, top-p 0.95, KL 0 (Qwen-2.5-7B-Base) or
+1e-4 (Llama-3.1-8B-Instruct), bf16, gradient checkpointing, checkpoints every 10-20 steps.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from searchrl.config import StrictModel
+from searchrl.protocol import ProtocolConfig
+from searchrl.rewards import RewardConfig
+from searchrl.rollout.engine import RolloutConfig
+
+
+class RetrievalConfig(StrictModel):
+    """Where searches go during training: a local index (in-process) or a retrieval server."""
+
+    index: str | None = Field(
+        "toyworld", description="Catalog index (toyworld, localwiki, localwiki-dense) or an index directory; null when `url` is set."
+    )
+    url: str | None = Field(
+        None, description="Retrieval server URL (`searchrl serve`, R1-Searcher or Search-R1 servers); the paper's setup for 7B runs, one server shared by all trainers."
+    )
+    api: str = Field("native", description="Server API: native (/search), r1searcher (/queries), search-r1 (/retrieve).")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> RetrievalConfig:
+        if (self.index is None) == (self.url is None):
+            raise ValueError("set exactly one of retrieval.index and retrieval.url (the other to null)")
+        return self
+
+
+class LoraConfig(StrictModel):
+    """Low-rank adapters (needs the `peft` package). The reference model is then the base with the
+    adapter disabled, so no second copy of the weights is held."""
+
+    enabled: bool = Field(False, description="Train LoRA adapters instead of all weights.")
+    r: int = Field(16, ge=1, description="Adapter rank.")
+    alpha: int = Field(32, ge=1, description="Adapter scaling numerator (scale = alpha / r).")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Adapter dropout; 0 keeps old and new log-probs comparable.")
+    target_modules: str | list[str] = Field(
+        "all-linear", description="Modules to adapt: a peft shorthand such as all-linear, or a list of module names."
+    )
+
+
+class AlgorithmConfig(StrictModel):
+    """The policy update: advantages, clipped loss, KL, optimizer."""
+
+    advantage: str = Field(
+        "reinforce_pp",
+        description="Advantage estimator: reinforce_pp (paper default: reward minus group mean, whitened over the batch), "
+        "grpo ((r - mean) / std per group, Shao et al. 2024), rloo (leave-one-out baseline).",
+    )
+    clip_eps: float = Field(0.2, gt=0, description="PPO ratio clip ε (paper: 0.2).")
+    clip_eps_high: float | None = Field(None, gt=0, description="Upper clip (DAPO's clip-higher); null = clip_eps.")
+    loss_agg: Literal["token-mean", "seq-mean-token-mean"] = Field(
+        "token-mean",
+        description="How token losses are averaged: token-mean over all policy tokens of a mini-batch (R1-Searcher/OpenRLHF; "
+        "long rollouts weigh more) or seq-mean-token-mean (each rollout counts once, the GRPO paper's form).",
+    )
+    kl_coef: float = Field(
+        0.0, ge=0, description="KL-to-reference coefficient (paper: 0 for Qwen-2.5-7B-Base, 1e-4 for Llama-3.1-8B-Instruct). "
+        "0 loads no reference model at all.",
+    )
+    kl_kind: Literal["k1-reward", "k3-loss"] = Field(
+        "k1-reward",
+        description="k1-reward: -kl_coef·(logp - ref_logp) as a per-token reward inside the advantage (R1-Searcher/OpenRLHF); "
+        "k3-loss: kl_coef·k3 added to the loss (GRPO, arXiv:2402.03300 eq. 3).",
+    )
+    ppo_epochs: int = Field(1, ge=1, description="Passes over each rollout batch. More reuse samples more but drift off-policy (the clip guards it).")
+    mini_batch_size: int | None = Field(
+        None, ge=1, description="Rollouts per optimizer step; the batch is split into ceil(B / this) updates per epoch. null = one update per epoch.",
+    )
+    micro_batch_size: int = Field(
+        4, ge=1, description="Rollouts per forward/backward; gradients accumulate over a mini-batch, so this trades memory for speed and never changes the result.",
+    )
+    lr: float = Field(2e-6, gt=0, description="AdamW learning rate (paper: 2e-6 for 7-8B; a 135M model needs ~5e-5).")
+    betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas (OpenRLHF's defaults).")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay.")
+    warmup_steps: int = Field(0, ge=0, description="Training steps of linear LR warm-up at the start of each stage.")
+    lr_schedule: Literal["constant", "cosine", "linear"] = Field(
+        "constant", description="LR after warm-up, per stage: constant, cosine or linear decay to min_lr_ratio·lr."
+    )
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Final LR of cosine/linear schedules as a fraction of lr.")
+    max_grad_norm: float | None = Field(1.0, gt=0, description="Clip the gradient's global norm to this; null = no clipping.")
+    entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus weight (0 in the paper; entropy is logged either way).")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass (paper: on); saves memory, costs ~30% time.")
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapters (optional; needs peft).")
+
+    @field_validator("advantage")
+    @classmethod
+    def _known_advantage(cls, v: str) -> str:
+        from searchrl.rl.advantages import ADVANTAGES
+
+        ADVANTAGES.get(v)
+        return v
+
+
+class StageConfig(StrictModel):
+    """One training stage: its data, its reward and its length."""
+
+    enabled: bool = Field(True, description="Run this stage (stage1.enabled=false is the skip-Stage-1 ablation).")
+    dataset: str = Field("toyworld:train", description="Training questions: catalog name (r1s-stage1, toyworld:train, ...), a file, or hf:NAME.")
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="Reward of this stage (SPEC §3).")
+    steps: int = Field(10, ge=0, description="Training steps (one rollout batch each).")
+    prompts_per_step: int = Field(4, ge=1, description="Questions per step.")
+    samples_per_prompt: int = Field(8, ge=1, description="Rollouts per question, one baseline group (paper: 16).")
+
+
+def _stage1() -> StageConfig:
+    return StageConfig(dataset="toyworld:train", reward=RewardConfig(stage="stage1"))
+
+
+def _stage2() -> StageConfig:
+    return StageConfig(dataset="toyworld:train", reward=RewardConfig(stage="stage2"))
+
+
+class LoggingConfig(StrictModel):
+    """What a run writes besides metrics.jsonl."""
+
+    sample_every: int = Field(1, ge=0, description="Write the step's trajectories to samples/step_XXXX.jsonl every N steps; 0 = never.")
+    samples_per_dump: int | None = Field(None, ge=1, description="At most this many trajectories per dump; null = all of the step.")
+    checkpoint_every: int = Field(10, ge=0, description="Save a checkpoint every N steps (and always at a stage's end); 0 = only at stage ends.")
+    keep_last: int | None = Field(3, ge=1, description="Keep this many latest checkpoints (stage-end ones are always kept); null = all.")
+    tensorboard: bool = Field(True, description="Also write TensorBoard events to tb/ (skipped, with a note, when tensorboard is not installed).")
+    progress: bool = Field(True, description="Print one line per step and a rollout progress bar.")
+
+
+class TrainConfig(StrictModel):
+    """A two-stage outcome-based RL run (R1-Searcher). `searchrl train --config FILE key=value ...`."""
+
+    model: str = Field("smollm2-135m", description="Policy to start from: smollm2-135m, tiny-random, a local folder (e.g. a Stage-1 checkpoint) or a hub id.")
+    device: str = Field("cpu", description="Torch device: cpu, cuda, cuda:1, ...")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="Compute dtype: auto = float32 on CPU, bfloat16 on a GPU that has it (paper: bf16). With bfloat16 "
+        "the trained weights stay float32 (an lr of 2e-6 is below bf16's resolution, so bf16 weights would not move) "
+        "and forward passes run under autocast; the frozen reference is held in bfloat16.",
+    )
+    seed: int = Field(0, description="Seeds data order, sampling and update shuffling; same seed, same run (on the same hardware).")
+    out: str | None = Field(None, description="Run directory; null = runs/train-YYYYmmdd-HHMMSS.")
+    protocol: ProtocolConfig = Field(default_factory=ProtocolConfig, description="Tags, prompt template, documents style.")
+    rollout: RolloutConfig = Field(
+        default_factory=RolloutConfig,
+        description="Generation settings (k, searches, budgets, temperature, top-p). samples_per_question and seed are set per stage/step by the trainer.",
+    )
+    retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig, description="Search backend during training.")
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="Advantages, loss, KL, optimizer.")
+    stage1: StageConfig = Field(default_factory=_stage1, description="Stage 1: learn to call search (R_retrieve + R_format).")
+    stage2: StageConfig = Field(default_factory=_stage2, description="Stage 2: learn to use the results (R_answer + R_format); starts from Stage 1's weights.")
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Samples, checkpoints, TensorBoard.")
+    debug_crash_after_step: int | None = Field(
+        None, ge=1, description="Testing aid: raise right after this (global) step is logged, before its checkpoint, to exercise --resume.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainConfig:
+        if self.rollout.greedy:
+            raise ValueError("rollout.greedy must be false for training: a group of identical samples has no baseline signal")
+        return self
+
+    def stage(self, number: int) -> StageConfig:
+        return {1: self.stage1, 2: self.stage2}[number]

@@ -1,0 +1,80 @@
+"""Per-step metrics of a run: one JSON object per line in `metrics.jsonl` (the record plots and
+comparisons read), mirrored to TensorBoard under `tb/` when `tensorboard` is installed, and a
+one-line summary on stderr."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+METRICS_FILE = "metrics.jsonl"
+
+# The one-line console summary: (metrics key, label, format).
+_SUMMARY = (
+    ("reward", "reward", "{:+.3f}"),
+    ("search_rate", "search", "{:.2f}"),
+    ("format_ok", "format", "{:.2f}"),
+    ("answer_f1", "f1", "{:.3f}"),
+    ("response_tokens", "tokens", "{:.0f}"),
+    ("kl", "kl", "{:.4f}"),
+    ("step_seconds", "s", "{:.1f}"),
+)
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def truncate_metrics(run_dir: Path, n_lines: int) -> None:
+    """Keep only the first `n_lines` records (the steps a resumed checkpoint already covers)."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        return
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    path.write_text("".join(line + "\n" for line in lines[:n_lines]))
+
+
+class RunLogger:
+    """Appends step records; `purge_step` drops TensorBoard events past a resumed checkpoint."""
+
+    def __init__(self, run_dir: Path, tensorboard: bool = True, purge_step: int | None = None, echo: bool = True) -> None:
+        self.path = Path(run_dir) / METRICS_FILE
+        self.echo = echo
+        self._tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                print(
+                    "note: tensorboard is not installed, so no tb/ events are written "
+                    "(pip install tensorboard; metrics.jsonl has everything)",
+                    file=sys.stderr,
+                )
+            else:
+                self._tb = SummaryWriter(str(Path(run_dir) / "tb"), purge_step=purge_step)
+
+    def log(self, record: dict) -> None:
+        with self.path.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record) + "\n")
+            fh.flush()
+        step = record["step"]
+        if self._tb is not None:
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                    self._tb.add_scalar(key, value, step)
+            self._tb.flush()
+        if self.echo:
+            parts = [f"stage {record['stage']} step {step}"]
+            for key, label, fmt in _SUMMARY:
+                if record.get(key) is not None:
+                    parts.append(f"{label} {fmt.format(record[key])}")
+            print(" | ".join(parts), file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()

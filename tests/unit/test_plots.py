@@ -1,0 +1,45 @@
+"""`searchrl plot RUN`: paper-style training curves from metrics.jsonl."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from searchrl.cli import app
+from searchrl.errors import SearchRLError
+from searchrl.eval.plots import CURVES, _smooth, plot_run
+
+
+def _run(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    with (run / "metrics.jsonl").open("w") as fh:
+        for step in range(1, 9):
+            stage = 1 if step <= 4 else 2
+            fh.write(json.dumps({
+                "stage": stage, "step": step, "reward": step / 8, "response_tokens": 50 + step,
+                "searches": step / 4, "format_ok": 0.5, "answer_f1": 0.1 * stage, "kl": None,
+            }) + "\n")
+    return run
+
+
+def test_plot_writes_one_png_per_curve_and_a_grid(tmp_path):
+    paths = plot_run(_run(tmp_path))
+    assert [p.name for p in paths] == [f"{key}.png" for key, _, _ in CURVES] + ["training_curves.png"]
+    for p in paths:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
+
+
+def test_plot_cli_and_errors(tmp_path):
+    run = _run(tmp_path)
+    result = CliRunner().invoke(app, ["plot", str(run), "--out", str(tmp_path / "figs"), "--window", "2"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "figs" / "reward.png").is_file()
+    with pytest.raises(SearchRLError, match="metrics.jsonl"):
+        plot_run(tmp_path / "nothing-here")
+
+
+def test_smooth_is_a_trailing_mean():
+    assert _smooth([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]

@@ -1,0 +1,308 @@
+"""The RL trainer on the tiny-random model: resume equals an uninterrupted run, masked tokens get
+no gradient, batches without policy tokens are harmless, every shipped config validates."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from searchrl.cli import app
+from searchrl.config import load_config
+from searchrl.data.types import Passage, Question
+from searchrl.protocol import Protocol
+from searchrl.retrieval.index import build_index
+from searchrl.rl import logprobs
+from searchrl.rl import trainer
+from searchrl.rl.checkpoint import complete_checkpoints, latest_checkpoint
+from searchrl.rl.config import TrainConfig
+from searchrl.rl.logging import read_metrics
+from searchrl.rl.policy import load_policy
+from searchrl.rollout.trajectory import Segment, Trajectory
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    """A 12-passage BM25 index and 6 questions about it."""
+    root = tmp_path_factory.mktemp("world")
+    passages = [
+        Passage(f"p{i}", f"Town {i}", f"Town {i} lies on the river R{i} and was founded in {1800 + i}.")
+        for i in range(12)
+    ]
+    build_index(passages, root / "index", "bm25", progress=False)
+    # A short prompt keeps every forward pass small (the built-in templates are ~200 tokens).
+    (root / "prompt.txt").write_text("Q: {question}\nA: {think_open}")
+    with (root / "q.jsonl").open("w") as fh:
+        for i in range(6):
+            fh.write(json.dumps({"id": f"q{i}", "question": f"Which river flows through Town {i}?", "answers": [f"R{i}"]}) + "\n")
+    return root
+
+
+def _overrides(world: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "model=tiny-random", f"retrieval.index={world / 'index'}", f"out={out}",
+        f"protocol.template={world / 'prompt.txt'}",
+        f"stage1.dataset={world / 'q.jsonl'}", f"stage2.dataset={world / 'q.jsonl'}",
+        "stage1.steps=3", "stage2.steps=1",
+        "stage1.prompts_per_step=2", "stage2.prompts_per_step=2",
+        "stage1.samples_per_prompt=2", "stage2.samples_per_prompt=2",
+        # top_p=1: a random model's flat distribution would make top-p sort the whole vocabulary
+        "rollout.max_new_tokens=10", "rollout.top_p=1.0",
+        "algorithm.lr=1e-3", "algorithm.kl_coef=0.05", "algorithm.ppo_epochs=1",
+        "algorithm.mini_batch_size=2", "algorithm.micro_batch_size=2",
+        "logging.checkpoint_every=1", "logging.keep_last=2", "logging.progress=false",
+        *extra,
+    ]
+
+
+@pytest.fixture
+def varied_rewards(monkeypatch):
+    """A random model never searches or answers, so every group's reward is flat and nothing
+    would train; add a deterministic function of the sampled tokens to get a real signal."""
+    real = trainer.compute_reward
+
+    def reward(traj, golds, cfg, tags, **kw):
+        r = real(traj, golds, cfg, tags, **kw)
+        return dataclasses.replace(r, total=r.total + (sum(traj.token_ids) % 7) / 7)
+
+    monkeypatch.setattr(trainer, "compute_reward", reward)
+
+
+def _question_ids(run: Path) -> dict[int, list[str]]:
+    return {
+        int(f.stem.split("_")[1]): [json.loads(line)["id"] for line in f.read_text().splitlines()]
+        for f in sorted((run / "samples").glob("step_*.jsonl"))
+    }
+
+
+def _weights(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(folder / "model.safetensors")
+
+
+def test_resume_after_crash_equals_uninterrupted_run(world, tmp_path, varied_rewards):
+    full = trainer.train(load_config(TrainConfig, None, _overrides(world, tmp_path / "full")))
+
+    crashed = tmp_path / "crashed"
+    cfg = load_config(TrainConfig, None, _overrides(world, crashed, "debug_crash_after_step=3"))
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        trainer.train(cfg)
+    assert len(read_metrics(crashed)) == 3  # step 3 was logged, but its checkpoint never came
+    assert latest_checkpoint(crashed).name == "step_0002"  # mid-Stage 1: optimizer state matters
+    (crashed / "checkpoints" / ".step_0003.tmp-dead").mkdir()  # a half-written checkpoint: ignored
+    result = CliRunner().invoke(app, ["train", "--resume", str(crashed), "debug_crash_after_step=null"])
+    assert result.exit_code == 0, result.output
+    assert not (crashed / "checkpoints" / ".step_0003.tmp-dead").exists()
+
+    a, b = read_metrics(full), read_metrics(crashed)
+    assert [(r["stage"], r["step"]) for r in a] == [(1, 1), (1, 2), (1, 3), (2, 4)]
+    assert [(r["stage"], r["step"]) for r in b] == [(r["stage"], r["step"]) for r in a]
+    assert _question_ids(full) == _question_ids(crashed)  # same data order, step by step
+    # Same seeds, restored optimizer/RNG/data position, exact fp32 weights from safetensors on
+    # CPU: the resumed run reproduces the uninterrupted one to float rounding (1e-6).
+    for ra, rb in zip(a, b):
+        for key, value in ra.items():
+            if key in trainer.TIMING_KEYS or value is None:
+                assert key in trainer.TIMING_KEYS or rb[key] is None
+                continue
+            assert rb[key] == pytest.approx(value, abs=1e-6, rel=1e-6), (ra["step"], key)
+    # Learning happened (so the comparison means something) and the weights agree at the end.
+    assert sum(r["updates"] for r in a) > 0 and any(r["grad_norm"] > 0 for r in a)
+    assert a[1]["kl"] > 0 and a[2]["kl"] > 0  # drifting from the reference during Stage 1
+    assert a[3]["kl"] == 0  # Stage 2 starts a new reference: the Stage-1 weights
+    wa, wb = _weights(full / "checkpoints" / "step_0004"), _weights(crashed / "checkpoints" / "step_0004")
+    assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
+    # keep_last=2; step_0003 ended Stage 1 and would be kept even beyond that
+    assert [p.name for _, p in complete_checkpoints(full)] == ["step_0003", "step_0004"]
+    assert (full / "checkpoints" / "latest").read_text().strip() == "step_0004"
+    assert (full / "config.yaml").is_file()
+    rec = json.loads((full / "samples" / "step_0001.jsonl").read_text().splitlines()[0])
+    assert {"segments", "answers", "prediction", "reward", "format_ok", "question"} <= set(rec)
+    assert "token_ids" not in rec and set(rec["reward"]) >= {"total", "retrieve", "format", "answer"}
+
+
+def _learner(cfg: TrainConfig, trajs: list[Trajectory]) -> trainer.Learner:
+    """A Learner whose engine hands back fixed trajectories (so tests control the tokens)."""
+    model, tok = load_policy(cfg)
+
+    class FixedEngine:
+        def run(self, questions, n, progress=False):
+            return trajs
+
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.algorithm.lr)
+    protocol = Protocol.from_config(cfg.protocol)
+    return trainer.Learner(cfg, 2, model, tok, FixedEngine(), protocol, opt, None, 1)
+
+
+def _traj(qid: str, prompt: list[int], tokens: list[int], mask: list[int]) -> Trajectory:
+    return Trajectory(qid, "Which river?", prompt, tokens, mask, [0.0] * len(tokens), [Segment("x", "policy")])
+
+
+PASSES = {
+    "shared-prompt+policy-head": {"checkpointing": False, "full_logits": False},
+    "plain+checkpointing+policy-head": {"checkpointing": True, "full_logits": False},
+    "shared-prompt+full-logits": {"checkpointing": False, "full_logits": True},
+}
+
+
+@pytest.mark.parametrize("variant", PASSES)
+def test_environment_tokens_get_no_gradient_and_one_step_moves_weights(tmp_path, monkeypatch, world, variant):
+    opts = PASSES[variant]
+    cfg = load_config(TrainConfig, None, _overrides(
+        world, tmp_path, "algorithm.micro_batch_size=8", "algorithm.ppo_epochs=1", "algorithm.mini_batch_size=null",
+        "algorithm.kl_coef=0", "stage2.samples_per_prompt=4", f"algorithm.gradient_checkpointing={opts['checkpointing']}"))
+    if opts["full_logits"]:  # what models with soft-capped logits get
+        monkeypatch.setattr(logprobs, "_split_head", lambda model: None)
+    # Rollouts of 8 response tokens; tokens 2-4 of each were inserted by the environment.
+    env_mask = [1, 1, 0, 0, 0, 1, 1, 1]
+    trajs = [_traj("q0", [5, 6, 7], [100 + i + j for j in range(8)], env_mask) for i in range(4)]
+    rewards = iter([0.0, 1.0, 0.5, 2.0])
+    monkeypatch.setattr(trainer, "compute_reward", lambda *a, **k: _fixed(next(rewards)))
+    learner = _learner(cfg, trajs)
+    before = {k: v.detach().clone() for k, v in learner.model.state_dict().items()}
+
+    # Capture the logits scored in the update, and the loss mask of the same micro-batch.
+    captured = []
+    real_micro, real_scores = trainer.micro_logprobs, logprobs._scores
+
+    def spy_micro(model, mb, *args, **kwargs):
+        captured.append({"mask": mb.mask})
+        return real_micro(model, mb, *args, **kwargs)
+
+    def spy_scores(logits, labels, *args):
+        logits.retain_grad()
+        captured[-1].update(logits=logits, labels=labels)
+        return real_scores(logits, labels, *args)
+
+    monkeypatch.setattr(trainer, "micro_logprobs", spy_micro)
+    monkeypatch.setattr(logprobs, "_scores", spy_scores)
+    record, samples = trainer.train_step(learner, [Question("q0", "Which river?", ("R0",))], step=1, stage_step=0)
+
+    assert record["updates"] == 1 and len(captured) == 1
+    mask, logits = captured[0]["mask"], captured[0]["logits"]
+    grad = logits.grad.abs().sum(dim=-1)
+    if opts["full_logits"]:  # [b, T]: column j predicts response token j
+        assert torch.all(grad[mask == 0] == 0)  # environment tokens: no gradient at all
+        assert torch.all(grad[mask == 1] > 0)
+    else:  # [1, N]: the output head ran on policy tokens only
+        assert grad.shape == (1, int(mask.sum())) and torch.all(grad > 0)
+        assert captured[0]["labels"].tolist() == [[t for tr in trajs for t, m in zip(tr.token_ids, env_mask) if m]]
+    after = learner.model.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert record["response_tokens"] == 5 and record["env_tokens"] == 3
+    # One update per batch: the update's own forward supplied the old log-probs (ratio 1).
+    assert record["ratio_mean"] == pytest.approx(1.0) and record["clip_frac"] == 0.0
+    assert len(samples) == 4 and samples[0]["reward"]["total"] == 0.0
+
+
+def test_logprob_passes_agree_in_values_and_gradients():
+    """Shared prompt pass, plain pass and full logits: same log-probs and parameter gradients."""
+    from searchrl.assets import load_model
+    from searchrl.rl.batch import make_batch
+
+    model, tok = load_model("tiny-random")
+    prompt = [5, 6, 7, 8]
+    trajs = [_traj("q", prompt, [100 + i + j for j in range(6 + 2 * i)], [1, 1, 0, 0] + [1] * (2 + 2 * i)) for i in range(3)]
+    batch = make_batch(trajs, [0.0] * 3, [0] * 3, tok.pad_token_id, "cpu")
+    results = []
+    for fn, split in [(logprobs.shared_prompt_logprobs, True), (logprobs.response_logprobs, True),
+                      (logprobs.response_logprobs, False)]:
+        model.zero_grad()
+        real_split = logprobs._split_head
+        logprobs._split_head = real_split if split else (lambda m: None)
+        try:
+            logp, ent = fn(model, batch, 0.7, True)
+        finally:
+            logprobs._split_head = real_split
+        logp = torch.where(batch.mask.bool(), logp, torch.zeros_like(logp))
+        logp.sum().backward()
+        results.append((logp.detach(), ent.detach() * batch.mask, {n: p.grad.clone() for n, p in model.named_parameters()}))
+    for logp, ent, grads in results[1:]:
+        assert torch.allclose(logp, results[0][0], atol=1e-5)
+        assert torch.allclose(ent, results[0][1], atol=1e-5)
+        assert all(torch.allclose(grads[n], results[0][2][n], atol=1e-4) for n in grads)
+    assert torch.all(results[0][0][batch.mask == 0] == 0) and torch.all(results[0][0][batch.mask == 1] < 0)
+
+
+def _fixed(total: float):
+    from searchrl.rewards import RewardBreakdown
+
+    return RewardBreakdown(total, 0.0, 0.0, total, False, ["think"], 0.0)
+
+
+def test_batch_without_policy_tokens_changes_nothing(tmp_path, monkeypatch, world):
+    cfg = load_config(TrainConfig, None, _overrides(world, tmp_path, "algorithm.entropy_coef=0.1"))
+    trajs = [_traj("q0", [5, 6], [], []), _traj("q0", [5, 6, 7], [9, 9], [0, 0])]  # empty; env only
+    totals = iter([0.0, 1.0])
+    monkeypatch.setattr(trainer, "compute_reward", lambda *a, **k: _fixed(next(totals)))
+    learner = _learner(cfg, trajs)
+    before = {k: v.detach().clone() for k, v in learner.model.state_dict().items()}
+    record, _ = trainer.train_step(learner, [Question("q0", "Which river?", ("R0",))], step=1, stage_step=0)
+    assert record["updates"] == 0 and record["response_tokens"] == 0
+    assert all(math.isfinite(v) for v in record.values() if isinstance(v, float))
+    assert all(torch.equal(before[k], v) for k, v in learner.model.state_dict().items())
+
+
+def test_prompt_sampler_epochs_are_seeded_permutations():
+    qs = [Question(f"q{i}", "?", ("a",)) for i in range(5)]
+    s = trainer.PromptSampler(qs, seed=3, stage=1)
+    first = [q.id for q in s.take(5)]
+    second = [q.id for q in s.take(5)]
+    assert sorted(first) == sorted(second) == [q.id for q in qs] and first != second
+    resumed = trainer.PromptSampler(qs, seed=3, stage=1, position=7)
+    assert [q.id for q in resumed.take(3)] == second[2:]
+
+
+def test_lr_schedule_warmup_then_cosine(world, tmp_path):
+    cfg = load_config(TrainConfig, None, _overrides(world, tmp_path, "algorithm.warmup_steps=1", "algorithm.lr_schedule=cosine",
+                                                    "algorithm.min_lr_ratio=0.0", "stage2.steps=3"))
+    learner = trainer.Learner(cfg, 2, None, None, None, None, None, None, updates_per_step=2)
+    # 3 steps x 2 updates: warm-up over updates 0-1 (1/2, 1), then cosine over the remaining 4.
+    got = [learner.lr_factor(u) for u in range(6)]
+    want = [0.5, 1.0, 1.0, 0.5 * (1 + math.cos(math.pi / 4)), 0.5, 0.5 * (1 + math.cos(3 * math.pi / 4))]
+    assert got == pytest.approx(want)
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_configs_validate(path):
+    cfg = load_config(TrainConfig, path)
+    assert cfg.stage1.reward.stage == "stage1" and cfg.stage2.reward.stage == "stage2"
+
+
+def test_fresh_run_refuses_an_existing_run_dir(world, tmp_path):
+    (tmp_path / "metrics.jsonl").write_text("")
+    from searchrl.errors import SearchRLError
+
+    with pytest.raises(SearchRLError, match="--resume"):
+        trainer.train(load_config(TrainConfig, None, _overrides(world, tmp_path)))
+
+
+def test_lora_without_peft_says_how_to_get_it(world, tmp_path, monkeypatch):
+    import sys
+
+    from searchrl.errors import SearchRLError
+
+    monkeypatch.setitem(sys.modules, "peft", None)  # makes `import peft` fail
+    cfg = load_config(TrainConfig, None, _overrides(world, tmp_path, "algorithm.lora.enabled=true"))
+    with pytest.raises(SearchRLError, match="pip install peft"):
+        load_policy(cfg)
+
+
+def test_lora_trains_the_adapter_and_uses_the_base_as_reference(world, tmp_path, varied_rewards):
+    pytest.importorskip("peft", reason="LoRA is optional: pip install peft to run this test")
+    cfg = load_config(TrainConfig, None, _overrides(
+        world, tmp_path / "run", "algorithm.lora.enabled=true", "algorithm.lora.r=4",
+        "stage1.steps=2", "stage2.enabled=false"))
+    run = trainer.train(cfg)
+    records = read_metrics(run)
+    assert [r["updates"] for r in records] == [2, 2] and records[0]["kl"] == 0 < records[1]["kl"]
+    saved = {p.name for p in (run / "checkpoints" / "step_0002").iterdir()}
+    assert "adapter_model.safetensors" in saved and "model.safetensors" not in saved
