@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from searchrl.errors import SearchRLError
 from searchrl.paths import cache_dir, shared_data
 from searchrl.retrieval.http import HttpRetriever
 from searchrl.retrieval.index import build_index, open_index
+from searchrl.retrieval.server import free_port
 
 BATCHES = (1, 64)
 # Bounded loops: queries per pass for each (kind, batch); batch 64 uses 7 full batches.
@@ -56,12 +56,6 @@ def ensure_index(kind: str, passages: list[Passage]) -> Path:
         build_index(passages, out, kind=kind, overwrite=True)
         print(f"built {kind} index {out} in {time.perf_counter() - t:.1f}s")
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(index: Path) -> tuple[subprocess.Popen, str]:

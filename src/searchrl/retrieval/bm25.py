@@ -4,7 +4,6 @@ columns, so a batch of queries costs milliseconds even on one CPU core)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import replace
 from pathlib import Path
 
 import bm25s
@@ -17,6 +16,7 @@ from searchrl.retrieval.index import INDEX_KINDS, BuildOptions
 from searchrl.retrieval.store import (
     Passages,
     PassageStore,
+    StoredIndex,
     as_passages,
     index_text,
     read_manifest,
@@ -51,7 +51,7 @@ def _make_stemmer(language: str | None):
 
 
 @INDEX_KINDS.register("bm25")
-class BM25Index(Retriever):
+class BM25Index(StoredIndex, Retriever):
     """Lucene-variant BM25 (k1=1.5, b=0.75) over title + text, English stopwords removed,
     Snowball-stemmed when PyStemmer is installed. Only passages sharing a term with the query
     are returned, so a query may get fewer than k."""
@@ -141,17 +141,8 @@ class BM25Index(Retriever):
         )
         for i, row_ids, row_scores in zip(live, rows, scores):
             hits = [(int(r), float(s)) for r, s in zip(row_ids, row_scores) if s > 0]
-            found = self.passages.get([r for r, _ in hits])
-            results[i] = [replace(p, score=s) for p, (_, s) in zip(found, hits)]
+            results[i] = self.materialise(hits)
         return results
-
-    def close(self) -> None:
-        close = getattr(self.passages, "close", None)
-        if close is not None:
-            close()
-
-    def __len__(self) -> int:
-        return len(self.passages)
 
     def __repr__(self) -> str:
         return f"BM25Index({len(self.passages)} passages, stemmer={self.stemmer_language})"

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import tempfile
 from collections.abc import Iterable, Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import faiss
@@ -25,6 +24,7 @@ from searchrl.retrieval.index import INDEX_KINDS, BuildOptions
 from searchrl.retrieval.store import (
     Passages,
     PassageStore,
+    StoredIndex,
     as_passages,
     index_text,
     read_manifest,
@@ -116,7 +116,7 @@ def _train(index: faiss.Index, vectors: np.ndarray, factory: str) -> None:
 
 
 @INDEX_KINDS.register("dense")
-class DenseIndex(Retriever):
+class DenseIndex(StoredIndex, Retriever):
     """Exact (Flat) or approximate FAISS search over normalised sentence embeddings."""
 
     kind = "dense"
@@ -281,17 +281,8 @@ class DenseIndex(Retriever):
         for i, row_ids, row_scores in zip(live, rows, scores):
             # Approximate indexes pad with -1 when they find fewer than k neighbours.
             hits = [(int(r), float(s)) for r, s in zip(row_ids, row_scores) if r >= 0]
-            found = self.passages.get([r for r, _ in hits])
-            results[i] = [replace(p, score=s) for p, (_, s) in zip(found, hits)]
+            results[i] = self.materialise(hits)
         return results
-
-    def close(self) -> None:
-        close = getattr(self.passages, "close", None)
-        if close is not None:
-            close()
-
-    def __len__(self) -> int:
-        return len(self.passages)
 
     def __repr__(self) -> str:
         return f"DenseIndex({len(self.passages)} passages, {self.embedder}, {self.factory!r})"

@@ -15,6 +15,7 @@ import mmap
 import os
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol
@@ -184,3 +185,22 @@ def read_manifest(folder: Path) -> dict:
     if not isinstance(manifest, dict) or "kind" not in manifest:
         raise SearchRLError(f"{path}: manifest has no 'kind'; {folder} is not a searchrl index")
     return manifest
+
+
+class StoredIndex:
+    """Mixin of the indexes whose passages live in a `PassageStore` (or any row-addressed list)."""
+
+    passages: Passages
+
+    def materialise(self, hits: Sequence[tuple[int, float]]) -> list[Passage]:
+        """(row, score) pairs, best first -> Passages with `score` filled in."""
+        found = self.passages.get([row for row, _ in hits])
+        return [replace(p, score=score) for p, (_, score) in zip(found, hits)]
+
+    def close(self) -> None:
+        close = getattr(self.passages, "close", None)
+        if close is not None:
+            close()
+
+    def __len__(self) -> int:
+        return len(self.passages)
