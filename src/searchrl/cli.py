@@ -319,14 +319,14 @@ def plot(
 def demo(
     out: str = typer.Option("runs/demo", "--out", help="Folder for everything the demo writes (training run in OUT/train)."),
     config: str = typer.Option("demo-cpu", "--config", help="Training recipe: packaged name (demo-cpu) or YAML path."),
-    eval_limit: int = typer.Option(40, "--eval-limit", help="Toy-world test questions evaluated before and after."),
-    no_train: bool = typer.Option(False, "--no-train", help="Only build, serve and evaluate the untrained model."),
+    eval_limit: int = typer.Option(20, "--eval-limit", help="Toy-world test questions evaluated (before and after training)."),
+    do_train: bool = typer.Option(False, "--train", help="Also train Stage 1 and Stage 2 on CPU, then evaluate again (slow)."),
     overrides: list[str] = typer.Argument(None, help="key=value overrides of the training config, e.g. stage1.steps=4."),
 ) -> None:
-    """The whole method on the embedded default: toy world, index, server, evaluate, train both stages, report."""
+    """The method on the embedded default: toy world, index, server, evaluation (+ two-stage training with --train), report."""
     from searchrl.demo import DemoConfig, run_demo
 
-    run_demo(DemoConfig(out=out, train_config=config, eval_limit=eval_limit, train=not no_train), overrides or [])
+    run_demo(DemoConfig(out=out, train_config=config, eval_limit=eval_limit, train=do_train), overrides or [])
 
 
 def main() -> None:

@@ -1,0 +1,212 @@
+"""`searchrl demo`: the whole method on the embedded default, end to end on a laptop CPU.
+
+1. build the toy world and its BM25 index (cached after the first run);
+2. serve the index over HTTP in-process; every search of the demo goes through that server;
+3. evaluate the untrained SmolLM2 on toy-world test questions: agent (search-interleaved) and rag;
+4. train Stage 1 then Stage 2 (`configs/demo-cpu.yaml`) into `OUT/train`;
+5. evaluate the trained policy the same way;
+6. write `OUT/report.md` with the before/after table, the stage figures and the training curves.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Sequence
+
+from pydantic import Field
+from rich.console import Console
+
+from searchrl.config import StrictModel, load_config
+from searchrl.errors import SearchRLError
+
+console = Console()
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+
+
+class DemoConfig(StrictModel):
+    """What the demo runs; the training recipe itself lives in a train config file."""
+
+    out: str = Field("runs/demo", description="Folder for everything the demo writes.")
+    train_config: str = Field(
+        "demo-cpu", description="Training recipe: a packaged config name (demo-cpu) or a YAML path."
+    )
+    dataset: str = Field("toyworld:test", description="Questions evaluated before and after training.")
+    eval_limit: int = Field(20, ge=1, description="How many of those questions (the first N).")
+    eval_max_new_tokens: int = Field(160, ge=16, description="Policy tokens per evaluated question.")
+    train: bool = Field(
+        False, description="Also train both stages and evaluate again (slow on CPU: see the README)."
+    )
+
+
+def resolve_config_path(name: str) -> Path:
+    """A packaged config name (`demo-cpu`) or a path to a YAML file."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    packaged = CONFIG_DIR / f"{name}.yaml"
+    if packaged.is_file():
+        return packaged
+    known = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
+    raise SearchRLError(f"config {name!r} is neither a file nor a packaged config ({known})")
+
+
+def _evaluate(label: str, model: str, method: str, url: str, train_cfg, cfg: DemoConfig, out: Path, backend):
+    from searchrl.eval.run import EvalConfig, run_eval
+
+    ecfg = EvalConfig(
+        method=method,
+        model=model,
+        dataset=cfg.dataset,
+        limit=cfg.eval_limit,
+        retriever_url=url,
+        k=train_cfg.rollout.k,
+        tags=train_cfg.protocol.tags,
+        template=train_cfg.protocol.template,
+        doc_style=train_cfg.protocol.doc_style,
+        max_searches=train_cfg.rollout.max_searches,
+        max_new_tokens=cfg.eval_max_new_tokens,
+        out=str(out / f"eval-{label}-{method}"),
+    )
+    console.print(f"[bold]evaluate[/] {label} model, method {method}, {cfg.eval_limit} questions of {cfg.dataset}")
+    metrics = run_eval(ecfg, progress=True, backend=backend)
+    console.print(
+        f"  cover-EM {metrics['cover_em']:.1%}  F1 {metrics['f1']:.1%}  searched {metrics['search_rate']:.0%}"
+        f"  format ok {metrics['format_ok_rate']:.0%}  ({metrics['seconds']:.0f} s)"
+    )
+    return Path(ecfg.out)
+
+
+def stage_summary(records: Sequence[dict]) -> dict:
+    """The figures the demo is judged by, read from `metrics.jsonl` records.
+
+    Stage 1: search rate and format-ok rate, first step vs last step (and the best reached);
+    Stage 2: mean answer F1 of the first quarter of steps vs the last quarter.
+    """
+    out: dict = {}
+    s1 = [r for r in records if r["stage"] == 1]
+    if s1:
+        out["stage1"] = {
+            "steps": len(s1),
+            "search_rate_first": s1[0]["search_rate"],
+            "search_rate_last": s1[-1]["search_rate"],
+            "search_rate_max": max(r["search_rate"] for r in s1),
+            "format_ok_first": s1[0]["format_ok"],
+            "format_ok_last": s1[-1]["format_ok"],
+        }
+    s2 = [r for r in records if r["stage"] == 2]
+    if s2:
+        q = max(1, len(s2) // 4)
+        out["stage2"] = {
+            "steps": len(s2),
+            "answer_f1_first_quarter": sum(r["answer_f1"] for r in s2[:q]) / q,
+            "answer_f1_last_quarter": sum(r["answer_f1"] for r in s2[-q:]) / q,
+            "format_ok_first_quarter": sum(r["format_ok"] for r in s2[:q]) / q,
+            "format_ok_last_quarter": sum(r["format_ok"] for r in s2[-q:]) / q,
+        }
+    return out
+
+
+def report_markdown(eval_dirs: Sequence[Path], summary: dict, plots: Sequence[Path], out: Path, seconds: float) -> str:
+    from searchrl.eval.compare import compare_markdown
+
+    lines = ["# searchrl demo report", "", f"Total time: {seconds / 60:.1f} min.", ""]
+    lines += ["## Before and after training", "", compare_markdown(eval_dirs).strip(), ""]
+    if "stage1" in summary:
+        s = summary["stage1"]
+        lines += [
+            "## Stage 1 (learn to call search)",
+            "",
+            f"- steps: {s['steps']}",
+            f"- share of rollouts that search: {s['search_rate_first']:.2f} at the first step -> "
+            f"{s['search_rate_last']:.2f} at the last (max {s['search_rate_max']:.2f})",
+            f"- format-ok rate: {s['format_ok_first']:.2f} -> {s['format_ok_last']:.2f}",
+            "",
+        ]
+    if "stage2" in summary:
+        s = summary["stage2"]
+        lines += [
+            "## Stage 2 (learn to use the results)",
+            "",
+            f"- steps: {s['steps']}",
+            f"- mean answer F1, first quarter of steps -> last quarter: "
+            f"{s['answer_f1_first_quarter']:.3f} -> {s['answer_f1_last_quarter']:.3f}",
+            f"- format-ok rate, first quarter -> last quarter: "
+            f"{s['format_ok_first_quarter']:.2f} -> {s['format_ok_last_quarter']:.2f}",
+            "",
+        ]
+    if plots:
+        lines += ["## Training curves", ""]
+        lines += [f"![{p.stem}]({p.relative_to(out).as_posix()})" for p in plots if p.name == "training_curves.png"]
+        lines += [""]
+    return "\n".join(lines)
+
+
+def run_demo(cfg: DemoConfig, overrides: Sequence[str] = ()) -> Path:
+    """Run the demo; `overrides` are key=value pairs for the training config. Returns OUT."""
+    from searchrl.data.catalog import load_dataset, open_named_index
+    from searchrl.eval.plots import plot_run
+    from searchrl.retrieval.server import serve_in_background
+    from searchrl.rl.checkpoint import latest_checkpoint
+    from searchrl.rl.config import TrainConfig
+    from searchrl.rl.logging import read_metrics
+    from searchrl.rl.trainer import train
+    from searchrl.rollout.backend import make_backend
+
+    started = time.perf_counter()
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    train_cfg = load_config(TrainConfig, resolve_config_path(cfg.train_config), list(overrides))
+    index_name = train_cfg.retrieval.index or "toyworld"
+
+    console.rule("1. toy world and index")
+    questions = load_dataset(cfg.dataset)
+    retriever = open_named_index(index_name)
+    console.print(f"{len(questions)} questions in {cfg.dataset}; index {index_name!r} ready")
+
+    console.rule("2. retrieval server")
+    with serve_in_background(retriever) as url:
+        console.print(f"serving {index_name!r} at {url} (POST /search, /queries, /retrieve; GET /health)")
+        train_cfg = train_cfg.model_copy(
+            update={
+                "out": str(out / "train"),
+                "retrieval": train_cfg.retrieval.model_copy(update={"index": None, "url": url}),
+            }
+        )
+
+        console.rule("3. the untrained model")
+        backend = make_backend("hf", train_cfg.model)
+        eval_dirs = [
+            _evaluate("untrained", train_cfg.model, method, url, train_cfg, cfg, out, backend)
+            for method in ("agent", "rag")
+        ]
+        backend.close()
+
+        summary: dict = {}
+        plots: list[Path] = []
+        if cfg.train:
+            console.rule("4. training: Stage 1 then Stage 2")
+            run_dir = train(train_cfg)
+            final = latest_checkpoint(run_dir)
+            if final is None:
+                raise SearchRLError(f"training wrote no checkpoint under {run_dir}")
+            console.rule("5. the trained model")
+            trained = make_backend("hf", str(final))
+            eval_dirs += [
+                _evaluate("trained", str(final), method, url, train_cfg, cfg, out, trained)
+                for method in ("agent", "rag")
+            ]
+            trained.close()
+            summary = stage_summary(read_metrics(run_dir))
+            plots = plot_run(run_dir, out / "plots")
+
+    seconds = time.perf_counter() - started
+    (out / "summary.json").write_text(json.dumps({"seconds": seconds, **summary}, indent=2) + "\n")
+    report = report_markdown(eval_dirs, summary, plots, out, seconds)
+    (out / "report.md").write_text(report)
+    console.rule("6. report")
+    console.print(report)
+    console.print(f"[bold green]done[/] in {seconds / 60:.1f} min: {out / 'report.md'}")
+    return out

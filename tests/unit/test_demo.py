@@ -1,0 +1,48 @@
+"""The demo wiring on the tiny model, and the figures its report is judged by."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from searchrl.demo import DemoConfig, resolve_config_path, run_demo, stage_summary
+from searchrl.errors import SearchRLError
+
+
+def test_stage_summary_reads_first_last_and_quarters():
+    records = [
+        {"stage": 1, "search_rate": 0.25, "format_ok": 0.0, "answer_f1": 0.0},
+        {"stage": 1, "search_rate": 1.0, "format_ok": 0.5, "answer_f1": 0.0},
+        {"stage": 1, "search_rate": 0.9, "format_ok": 0.75, "answer_f1": 0.0},
+    ] + [{"stage": 2, "search_rate": 1.0, "format_ok": 1.0, "answer_f1": f} for f in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)]
+    s = stage_summary(records)
+    assert s["stage1"] == {
+        "steps": 3,
+        "search_rate_first": 0.25,
+        "search_rate_last": 0.9,
+        "search_rate_max": 1.0,
+        "format_ok_first": 0.0,
+        "format_ok_last": 0.75,
+    }
+    # 8 Stage-2 steps: quarters of 2 -> (0.1 + 0.2) / 2 and (0.7 + 0.8) / 2
+    assert s["stage2"]["steps"] == 8
+    assert s["stage2"]["answer_f1_first_quarter"] == pytest.approx(0.15)
+    assert s["stage2"]["answer_f1_last_quarter"] == pytest.approx(0.75)
+
+
+def test_packaged_config_resolves_and_unknown_is_a_clear_error(tmp_path):
+    assert resolve_config_path("demo-cpu").name == "demo-cpu.yaml"
+    with pytest.raises(SearchRLError, match="neither a file nor a packaged config.*demo-cpu"):
+        resolve_config_path("no-such-recipe")
+
+
+def test_demo_without_training_serves_evaluates_and_reports(tmp_path):
+    out = run_demo(DemoConfig(out=str(tmp_path / "demo"), eval_limit=2, eval_max_new_tokens=16), ["model=tiny-random"])
+    for method in ("agent", "rag"):
+        metrics = json.loads((out / f"eval-untrained-{method}" / "metrics.json").read_text())
+        assert metrics["n"] == 2 and metrics["method"] == method
+        # Every search went through the in-process HTTP server.
+        assert metrics["retriever"].startswith("http://127.0.0.1:")
+    report = (out / "report.md").read_text()
+    assert "Before and after training" in report and "untrained" in report
