@@ -17,12 +17,12 @@ from searchrl.config import load_config
 from searchrl.data.types import Passage, Question
 from searchrl.protocol import Protocol
 from searchrl.retrieval.index import build_index
-from searchrl.rl import logprobs
-from searchrl.rl import trainer
+from searchrl.rl import logprobs, trainer
 from searchrl.rl.checkpoint import complete_checkpoints, latest_checkpoint
 from searchrl.rl.config import TrainConfig
 from searchrl.rl.logging import read_metrics
 from searchrl.rl.policy import load_policy
+from searchrl.rl.sampler import PromptSampler
 from searchrl.rollout.trajectory import Segment, Trajectory
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -253,11 +253,11 @@ def test_batch_without_policy_tokens_changes_nothing(tmp_path, monkeypatch, worl
 
 def test_prompt_sampler_epochs_are_seeded_permutations():
     qs = [Question(f"q{i}", "?", ("a",)) for i in range(5)]
-    s = trainer.PromptSampler(qs, seed=3, stage=1)
+    s = PromptSampler(qs, seed=3, stage=1)
     first = [q.id for q in s.take(5)]
     second = [q.id for q in s.take(5)]
     assert sorted(first) == sorted(second) == [q.id for q in qs] and first != second
-    resumed = trainer.PromptSampler(qs, seed=3, stage=1, position=7)
+    resumed = PromptSampler(qs, seed=3, stage=1, position=7)
     assert [q.id for q in resumed.take(3)] == second[2:]
 
 
@@ -306,3 +306,16 @@ def test_lora_trains_the_adapter_and_uses_the_base_as_reference(world, tmp_path,
     assert [r["updates"] for r in records] == [2, 2] and records[0]["kl"] == 0 < records[1]["kl"]
     saved = {p.name for p in (run / "checkpoints" / "step_0002").iterdir()}
     assert "adapter_model.safetensors" in saved and "model.safetensors" not in saved
+
+
+def test_micro_batches_keep_groups_together_and_sort_by_length():
+    from searchrl.rl.batch import group_chunks, group_order
+
+    group_ids = [0, 0, 0, 1, 1, 1, 1]
+    lengths = torch.tensor([9, 3, 5, 1, 8, 2, 7])
+    order = group_order(group_ids, lengths)  # no generator: groups in order
+    assert order.tolist() == [1, 2, 0, 3, 5, 6, 4]
+    chunks = [c.tolist() for c in group_chunks(order, group_ids, 2)]
+    assert chunks == [[1, 2], [0], [3, 5], [6, 4]]
+    shuffled = group_order(group_ids, lengths, torch.Generator().manual_seed(1))
+    assert sorted(shuffled.tolist()) == list(range(7))

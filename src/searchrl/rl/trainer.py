@@ -8,8 +8,9 @@ One training step, in the paper's order (`train_step`):
 3. score each trajectory with the stage's outcome reward,
 4. pad into [B, P + T] tensors; the loss mask covers policy tokens only,
 5. recompute old log-probs with the current policy in one no-grad pass (the sampler's
-   log-probs come from a different code path; their gap is logged as `logprob_mismatch`),
-   and reference log-probs when kl_coef > 0,
+   log-probs come from a different code path; their gap is logged as `logprob_mismatch`) --
+   or, when the batch makes exactly one optimizer step, take them from that step's own
+   forward, which runs on the same weights -- and reference log-probs when kl_coef > 0,
 6. advantages with the group = the question's samples,
 7. `ppo_epochs` passes of clipped updates in mini-batches, micro-batched with gradient
    accumulation, AdamW, gradient clipping, LR schedule,
@@ -46,30 +47,10 @@ from searchrl.rl.logging import RunLogger, truncate_metrics
 from searchrl.rl.logprobs import batched_logprobs, micro_logprobs
 from searchrl.rl.losses import kl_loss, kl_penalty, masked_mean, policy_loss
 from searchrl.rl.policy import autocast, load_policy, make_reference, set_update_mode
+from searchrl.rl.sampler import PromptSampler
 
 # Keys of a step record that measure time, not learning (they differ between identical runs).
 TIMING_KEYS = ("step_seconds", "rollout_seconds", "logprob_seconds", "update_seconds", "tokens_per_s")
-
-
-class PromptSampler:
-    """Questions in a seeded order, epoch after epoch. `position` (prompts drawn) is the whole state."""
-
-    def __init__(self, questions: list[Question], seed: int, stage: int, position: int = 0) -> None:
-        if not questions:
-            raise SearchRLError(f"stage {stage} has no training questions; check stage{stage}.dataset")
-        self.questions, self.seed, self.stage, self.position = questions, seed, stage, position
-        self._orders: dict[int, np.ndarray] = {}
-
-    def take(self, n: int) -> list[Question]:
-        out = []
-        for _ in range(n):
-            epoch, i = divmod(self.position, len(self.questions))
-            if epoch not in self._orders:
-                rng = np.random.default_rng([self.seed, self.stage, epoch])
-                self._orders[epoch] = rng.permutation(len(self.questions))
-            out.append(self.questions[int(self._orders[epoch][i])])
-            self.position += 1
-        return out
 
 
 @dataclass
