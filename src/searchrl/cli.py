@@ -227,7 +227,7 @@ def eval_run(
     limit: int | None = typer.Option(None, "--limit", min=1, help="Evaluate only the first N questions."),
     k: int | None = typer.Option(None, "-k", "--k", min=1, help="Passages per search (default 5, the paper's evaluation k)."),
     tags: str | None = typer.Option(None, "--tags", help="Tag preset: r1searcher (default) or search-r1 (what tiny models follow)."),
-    template: str | None = typer.Option(None, "--template", help="Prompt template: base (default), chat, fewshot, fewshot-chat or a file."),
+    template: str | None = typer.Option(None, "--template", help="Prompt template: base (default), chat, fewshot, oneshot, fewshot-chat or a file."),
     doc_style: str | None = typer.Option(None, "--doc-style", help="Documents lines: r1searcher (default) or title-lines."),
     max_searches: int | None = typer.Option(None, "--max-searches", min=0, help="Searches per agent rollout (default 8)."),
     max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", min=1, help="Agent: policy tokens per question, all turns (default 512)."),
@@ -320,10 +320,10 @@ def demo(
     out: str = typer.Option("runs/demo", "--out", help="Folder for everything the demo writes (training run in OUT/train)."),
     config: str = typer.Option("demo-cpu", "--config", help="Training recipe: packaged name (demo-cpu) or YAML path."),
     eval_limit: int = typer.Option(20, "--eval-limit", help="Toy-world test questions evaluated (before and after training)."),
-    do_train: bool = typer.Option(False, "--train", help="Also train Stage 1 and Stage 2 on CPU, then evaluate again (slow)."),
+    do_train: bool = typer.Option(True, "--train/--no-train", help="Train Stage 1 and Stage 2, then evaluate again; --no-train stops after evaluating the untrained model."),
     overrides: list[str] = typer.Argument(None, help="key=value overrides of the training config, e.g. stage1.steps=4."),
 ) -> None:
-    """The method on the embedded default: toy world, index, server, evaluation (+ two-stage training with --train), report."""
+    """The method on the embedded default: toy world, index, server, evaluation, two-stage training, evaluation again, report."""
     from searchrl.demo import DemoConfig, run_demo
 
     run_demo(DemoConfig(out=out, train_config=config, eval_limit=eval_limit, train=do_train), overrides or [])

@@ -37,7 +37,7 @@ class DemoConfig(StrictModel):
     eval_limit: int = Field(20, ge=1, description="How many of those questions (the first N).")
     eval_max_new_tokens: int = Field(160, ge=16, description="Policy tokens per evaluated question.")
     train: bool = Field(
-        False, description="Also train both stages and evaluate again (slow on CPU: see the README)."
+        True, description="Train both stages and evaluate again; False stops after the untrained evaluation."
     )
 
 
@@ -68,6 +68,7 @@ def _evaluate(label: str, model: str, method: str, url: str, train_cfg, cfg: Dem
         doc_style=train_cfg.protocol.doc_style,
         max_searches=train_cfg.rollout.max_searches,
         max_new_tokens=cfg.eval_max_new_tokens,
+        require_think=train_cfg.stage2.reward.require_think,  # the format rules the model trained on
         out=str(out / f"eval-{label}-{method}"),
     )
     console.print(f"[bold]evaluate[/] {label} model, method {method}, {cfg.eval_limit} questions of {cfg.dataset}")

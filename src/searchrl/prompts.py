@@ -1,4 +1,5 @@
-"""Prompt templates (SPEC §1): `base`, `chat`, `fewshot`, `fewshot-chat`, and user template files.
+"""Prompt templates (SPEC §1): `base`, `chat`, `fewshot`, `oneshot`, `fewshot-chat`, and user
+template files.
 
 Every built-in prompt ends with the think tag, so generation continues inside the think block
 (`Protocol.think_opened_in_prompt`). The wording is ours; the tags come from the `TagSet`.
@@ -127,11 +128,11 @@ def example_response(steps: list[tuple], tags: TagSet, doc_style: str) -> str:
     return "".join(out)
 
 
-def examples_text(tags: TagSet, doc_style: str) -> str:
-    """The worked examples as completion-style turns, separated by blank lines."""
+def examples_text(tags: TagSet, doc_style: str, n: int | None = None) -> str:
+    """The first `n` (default all) worked examples as completion-style turns, blank-line separated."""
     return "\n\n".join(
         f"User: {q}\nAssistant: {tags.think_open}{example_response(steps, tags, doc_style)}"
-        for q, steps in EXAMPLES
+        for q, steps in EXAMPLES[:n]
     )
 
 
@@ -178,6 +179,18 @@ def fewshot_prompt(
 ) -> str:
     return (
         f"{instruction_text(tags)}\n\n{examples_text(tags, doc_style)}\n\n"
+        f"User: {question}\nAssistant: {tags.think_open}"
+    )
+
+
+@PROMPT_TEMPLATES.register("oneshot")
+def oneshot_prompt(
+    question: str, tags: TagSet, tokenizer=None, doc_style: str = "r1searcher"
+) -> str:
+    # The two-search example alone: ~220 fewer prompt tokens than `fewshot`, which every rollout
+    # and every update pass reads (a third of a CPU training step).
+    return (
+        f"{instruction_text(tags)}\n\n{examples_text(tags, doc_style, n=1)}\n\n"
         f"User: {question}\nAssistant: {tags.think_open}"
     )
 
@@ -279,6 +292,17 @@ def build_prompt(
     if isinstance(resolved, Path):
         return file_prompt(resolved, question, tags, tokenizer, doc_style)
     return PROMPT_TEMPLATES.get(resolved)(question, tags, tokenizer, doc_style)
+
+
+# Completion templates frame the exchange as "User: ... / Assistant: ..."; a model that writes a
+# new "User:" line has ended its turn and goes on to invent the next question.
+_COMPLETION_TURN_END = "\nUser:"
+
+
+def template_turn_end(template: str) -> str | None:
+    """The text that ends the model's turn under a built-in completion template (`base`,
+    `fewshot`, `oneshot`), else None (chat templates end turns with EOS; template files are the user's)."""
+    return _COMPLETION_TURN_END if template in ("base", "fewshot", "oneshot") else None
 
 
 def template_opens_think(template: str, tags: TagSet) -> bool:

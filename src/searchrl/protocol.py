@@ -260,7 +260,8 @@ class ProtocolConfig(StrictModel):
     (single-word tags; the ones tiny models learn, SPEC §6)."""
     template: str = "base"
     """Prompt template: `base` (completion models), `chat` (instruct models, needs the tokenizer's
-    chat template), `fewshot` / `fewshot-chat` (two worked examples, for very small models), or the
+    chat template), `fewshot` / `fewshot-chat` (two worked examples, for very small models),
+    `oneshot` (the first example only: a shorter prompt, faster on CPU), or the
     path of a template file with `{question}` and `{instruction}` / tag placeholders."""
     doc_style: str = "r1searcher"
     """Documents block lines: `r1searcher` = `(1)Title: T Text: X` as in the authors' released
@@ -317,8 +318,16 @@ class Protocol:
 
         return template_opens_think(self.template, self.tags)
 
+    @cached_property
+    def turn_end(self) -> str | None:
+        """Text after which the model is writing the next user turn, not its answer (a rollout
+        stops there: `turn_end`); None for chat templates, whose turns end with EOS."""
+        from searchrl.prompts import template_turn_end
+
+        return template_turn_end(self.template)
+
     def stop_strings(self) -> list[str]:
-        return stop_strings(self.tags)
+        return stop_strings(self.tags) + ([self.turn_end] if self.turn_end else [])
 
     def format_documents(self, passages: Sequence[Passage]) -> str:
         return format_documents(passages, self.tags, self.doc_style)

@@ -11,6 +11,10 @@ Format rules (names appear in `FormatVerdict.failed` and in the training metrics
 |---|---|
 | `think` | the think tags are not exactly one `</think>` (prompt already opened `<think>`) or one `<think>` at the start then one `</think>` |
 | `answer` | not exactly one non-empty `<answer>…</answer>` right after `</think>` (only whitespace between), or text after `</answer>` |
+
+`require_think=False` drops the `think` rule and the "right after `</think>`" clause: a
+tiny model (SmolLM2-135M) almost never closes `</think>` before answering, and a format reward
+no rollout can earn teaches nothing. Every other rule still holds.
 | `garbled` | the policy wrote U+FFFD, a control character other than tab/newline/CR, a surrogate, a private-use or an unassigned code point |
 | `script` | the policy wrote CJK text (outside the documents) and the question has none |
 | `query` | a query tag is unclosed, nested, stray, empty, or holds another protocol tag |
@@ -117,7 +121,9 @@ def _queries_ok(view: str, tags: TagSet) -> bool:
     return not in_query
 
 
-def _structure_failures(view: str, tags: TagSet, think_opened_in_prompt: bool) -> list[str]:
+def _structure_failures(
+    view: str, tags: TagSet, think_opened_in_prompt: bool, require_think: bool = True
+) -> list[str]:
     failed = []
     found = [(m.group(0), m.start(), m.end()) for m in _tag_pattern(tags).finditer(view)]
     think = [t for t in found if t[0] in (tags.think_open, tags.think_close)]
@@ -125,7 +131,9 @@ def _structure_failures(view: str, tags: TagSet, think_opened_in_prompt: bool) -
     think_ok = [t[0] for t in think] == expected
     if think_ok and not think_opened_in_prompt and view[: think[0][1]].strip():
         think_ok = False
-    if not think_ok:
+    if not require_think:
+        think_ok = False  # neither the rule nor the placement of the answer after </think>
+    elif not think_ok:
         failed.append("think")
     opens = [t for t in found if t[0] == tags.answer_open]
     closes = [t for t in found if t[0] == tags.answer_close]
@@ -148,6 +156,7 @@ def check_segments(
     question: str = "",
     think_opened_in_prompt: bool = True,
     max_answer_words: int | None = None,
+    require_think: bool = True,
 ) -> FormatVerdict:
     """The format check on response segments; see the module docstring for the rules.
 
@@ -163,7 +172,7 @@ def check_segments(
     merged = _merge(segments)
     view = policy_view(merged, tags)
     policy_text = "".join(s.text for s in merged if s.source == "policy")
-    failed = _structure_failures(view, tags, think_opened_in_prompt)
+    failed = _structure_failures(view, tags, think_opened_in_prompt, require_think)
     if is_garbled(policy_text):
         failed.append("garbled")
     if has_cjk(policy_text) and not has_cjk(question):
@@ -191,6 +200,7 @@ def check_format(
     *,
     think_opened_in_prompt: bool = True,
     max_answer_words: int | None = None,
+    require_think: bool = True,
 ) -> FormatVerdict:
     """`check_segments` on a trajectory; the question decides whether CJK text is foreign."""
     return check_segments(
@@ -199,6 +209,7 @@ def check_format(
         question=traj.question,
         think_opened_in_prompt=think_opened_in_prompt,
         max_answer_words=max_answer_words,
+        require_think=require_think,
     )
 
 
@@ -241,6 +252,9 @@ class RewardConfig(StrictModel):
     max_answer_words: int | None = Field(default=None, ge=1)
     """Format rule `answer_length`: answers longer than this many words fail (authors' code: 10;
     paper: no cap). None = no cap."""
+    require_think: bool = True
+    """Format rule `think`: the reasoning sits in one think block closed right before the answer
+    (paper). False drops that rule, for models too small to close `</think>` (the CPU demo)."""
 
     @field_validator("stage", mode="before")
     @classmethod
@@ -335,6 +349,7 @@ def compute_reward(
         tags,
         think_opened_in_prompt=think_opened_in_prompt,
         max_answer_words=cfg.max_answer_words,
+        require_think=cfg.require_think,
     )
     prediction = (
         traj.answer

@@ -8,6 +8,7 @@ import pytest
 
 from searchrl.demo import DemoConfig, resolve_config_path, run_demo, stage_summary
 from searchrl.errors import SearchRLError
+from searchrl.rl.logging import read_metrics
 
 
 def test_stage_summary_reads_first_last_and_quarters():
@@ -38,7 +39,7 @@ def test_packaged_config_resolves_and_unknown_is_a_clear_error(tmp_path):
 
 
 def test_demo_without_training_serves_evaluates_and_reports(tmp_path):
-    out = run_demo(DemoConfig(out=str(tmp_path / "demo"), eval_limit=2, eval_max_new_tokens=16), ["model=tiny-random"])
+    out = run_demo(DemoConfig(out=str(tmp_path / "demo"), eval_limit=2, eval_max_new_tokens=16, train=False), ["model=tiny-random"])
     for method in ("agent", "rag"):
         metrics = json.loads((out / f"eval-untrained-{method}" / "metrics.json").read_text())
         assert metrics["n"] == 2 and metrics["method"] == method
@@ -46,3 +47,18 @@ def test_demo_without_training_serves_evaluates_and_reports(tmp_path):
         assert metrics["retriever"].startswith("http://127.0.0.1:")
     report = (out / "report.md").read_text()
     assert "Before and after training" in report and "untrained" in report
+
+
+def test_demo_trains_both_stages_then_reports_before_after_and_curves(tmp_path):
+    tiny = ["model=tiny-random", "stage1.steps=1", "stage2.steps=1", "stage1.samples_per_prompt=2",
+            "stage2.samples_per_prompt=2", "rollout.max_new_tokens=8", "logging.progress=false"]
+    out = run_demo(DemoConfig(out=str(tmp_path / "demo"), eval_limit=1, eval_max_new_tokens=16), tiny)
+    assert [r["stage"] for r in read_metrics(out / "train")] == [1, 2]
+    for label in ("untrained", "trained"):
+        for method in ("agent", "rag"):
+            assert json.loads((out / f"eval-{label}-{method}" / "metrics.json").read_text())["n"] == 1
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stage1"]["steps"] == 1 and summary["stage2"]["steps"] == 1
+    report = (out / "report.md").read_text()
+    assert "Stage 1 (learn to call search)" in report and "Stage 2 (learn to use the results)" in report
+    assert "(plots/training_curves.png)" in report and (out / "plots" / "training_curves.png").is_file()

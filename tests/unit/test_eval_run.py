@@ -117,6 +117,17 @@ def test_agent_run_numbers(world, tmp_path, tokenizer):
     assert "token_ids" not in recs[0]  # no --dump-tokens
 
 
+def test_format_rate_follows_the_think_rule_the_model_trained_with(world, tmp_path, tokenizer):
+    no_close = lambda text: agent_policy(text).replace("</think>", "")  # what a 135M model writes
+    rates = {}
+    for require in (True, False):
+        cfg = _cfg(world, tmp_path / str(require), "agent", require_think=require)
+        metrics = run_eval(cfg, progress=False, backend=ScriptedBackend(tokenizer, no_close))
+        rates[require] = metrics["format_ok_rate"]
+        assert metrics["cover_em"] == pytest.approx(2 / 3)  # the answers are the same either way
+    assert rates == {True: 0.0, False: 1.0}
+
+
 def test_rag_and_direct_numbers_and_fallback(world, tmp_path, tokenizer):
     rag = run_eval(_cfg(world, tmp_path, "rag"), progress=False, backend=ScriptedBackend(tokenizer, answer_policy))
     recs = _lines(tmp_path / "rag" / "predictions.jsonl")

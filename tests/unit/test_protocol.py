@@ -55,7 +55,7 @@ def test_presets_hold_the_spec_tags():
 
 
 @pytest.mark.parametrize("preset", PRESETS)
-@pytest.mark.parametrize("template", ["base", "fewshot"])
+@pytest.mark.parametrize("template", ["base", "fewshot", "oneshot"])
 def test_completion_prompts_explain_every_tag_and_end_inside_think(preset, template):
     tags = get_tags(preset)
     prompt = build_prompt(QUESTION, tags, template)
@@ -66,6 +66,7 @@ def test_completion_prompts_explain_every_tag_and_end_inside_think(preset, templ
     other = SEARCH_R1_TAGS if tags is R1SEARCHER_TAGS else R1SEARCHER_TAGS
     assert other.query_open not in prompt  # no tag of the other preset leaks in
     assert Protocol(tags, template).think_opened_in_prompt
+    assert Protocol(tags, template).turn_end == "\nUser:"
 
 
 def test_base_prompt_is_instruction_then_user_turn():
@@ -94,6 +95,17 @@ def test_fewshot_examples_are_well_formed_protocol_runs(preset):
         "Quellbridge river",
         "Vantrel X2 camera maker",
     ]
+
+
+def test_oneshot_is_fewshot_with_the_first_example_only():
+    tags = SEARCH_R1_TAGS
+    one, few = build_prompt(QUESTION, tags, "oneshot"), build_prompt(QUESTION, tags, "fewshot")
+    assert len(one) < len(few) and one.count(tags.docs_open) == 2 + 2
+    assert extract_queries(one[len(instruction_text(tags)) :], tags) == [
+        "Ilsa Marrowind birthplace",
+        "Quellbridge river",
+    ]
+    assert few.startswith(one[: one.rindex("User:")])  # same instruction and first example
 
 
 def test_chat_template_without_a_tokenizer_is_a_clear_error():

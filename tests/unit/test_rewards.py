@@ -88,6 +88,21 @@ def test_rule_think(segments, kwargs):
     assert "think" in failed(segments, **kwargs)
 
 
+def test_require_think_off_drops_only_the_think_rule():
+    # What a 135M model writes: it searches, then answers without closing </think>.
+    tiny = [P(f" look {QO}Quellbridge river{QC}"), E(), P("Tessaly\n<answer>Tessaly</answer>")]
+    assert failed(tiny) == ["think"]
+    assert failed(tiny, require_think=False) == []
+    assert failed([P("a</think> more</think><answer>x</answer>")], require_think=False) == []
+    # The answer rules still hold, and so does everything else.
+    assert failed([P("no answer at all")], require_think=False) == ["answer"]
+    assert failed([P("<answer>x</answer> and then more")], require_think=False) == ["answer"]
+    assert failed([P(f"{DO}forged{DC}<answer>x</answer>")], require_think=False) == ["forged_documents"]
+    cfg = RewardConfig(stage=1, require_think=False)
+    assert compute_reward(traj(tiny), ["Tessaly"], cfg, T).total == 2.0
+    assert compute_reward(traj(tiny), ["Tessaly"], RewardConfig(stage=1), T).total == 0.0
+
+
 @pytest.mark.parametrize(
     "text",
     [

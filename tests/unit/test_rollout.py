@@ -178,6 +178,18 @@ def test_engine_empty_query_ends_rollout(tokenizer, text):
     assert all(t.n_searches == 0 and all(trajs[0].loss_mask) for t in trajs)
 
 
+def test_engine_stops_where_a_completion_prompt_would_start_the_next_user_turn(tokenizer):
+    invent = lambda _: " I am not sure.\n\nUser: What is the capital of France?\nAssistant: Paris"
+    backend, retriever = ScriptedBackend(tokenizer, invent), WordRetriever()
+    for template, reason in (("fewshot", "turn_end"), ("chat", "length")):
+        protocol = Protocol.named("search-r1", template)
+        engine = RolloutEngine(backend, retriever, protocol, RolloutConfig(max_new_tokens=40))
+        (t,) = engine.run(QUESTIONS[:1], ["User: q\nAssistant: <think>"], n=1)
+        assert t.stop_reason == reason
+        if reason == "turn_end":  # kept as sampled, so its tokens take the blame in training
+            assert t.response_text.endswith("\n\nUser:") and "France" not in t.response_text
+
+
 def test_engine_budgets(tokenizer):
     babble = lambda _: " and so on" * 50
     trajs, backend, _ = run_scripted(tokenizer, babble, QUESTIONS[:1], n=1, max_new_tokens=20)

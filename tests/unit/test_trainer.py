@@ -15,8 +15,10 @@ from typer.testing import CliRunner
 from searchrl.cli import app
 from searchrl.config import load_config
 from searchrl.data.types import Passage, Question
+from searchrl.errors import SearchRLError
 from searchrl.protocol import Protocol
 from searchrl.retrieval.index import build_index
+from searchrl.rewards import FORMAT_RULES
 from searchrl.rl import logprobs, trainer
 from searchrl.rl.checkpoint import complete_checkpoints, latest_checkpoint
 from searchrl.rl.config import TrainConfig
@@ -124,6 +126,8 @@ def test_resume_after_crash_equals_uninterrupted_run(world, tmp_path, varied_rew
     assert [p.name for _, p in complete_checkpoints(full)] == ["step_0003", "step_0004"]
     assert (full / "checkpoints" / "latest").read_text().strip() == "step_0004"
     assert (full / "config.yaml").is_file()
+    assert list((full / "tb").glob("events.out.tfevents.*"))  # TensorBoard mirror of metrics.jsonl
+    assert {f"format_failed_{rule}" for rule in FORMAT_RULES} <= set(a[0])  # why format_ok is low
     rec = json.loads((full / "samples" / "step_0001.jsonl").read_text().splitlines()[0])
     assert {"segments", "answers", "prediction", "reward", "format_ok", "question"} <= set(rec)
     assert "token_ids" not in rec and set(rec["reward"]) >= {"total", "retrieve", "format", "answer"}
@@ -279,7 +283,6 @@ def test_shipped_configs_validate(path):
 
 def test_fresh_run_refuses_an_existing_run_dir(world, tmp_path):
     (tmp_path / "metrics.jsonl").write_text("")
-    from searchrl.errors import SearchRLError
 
     with pytest.raises(SearchRLError, match="--resume"):
         trainer.train(load_config(TrainConfig, None, _overrides(world, tmp_path)))
@@ -288,7 +291,6 @@ def test_fresh_run_refuses_an_existing_run_dir(world, tmp_path):
 def test_lora_without_peft_says_how_to_get_it(world, tmp_path, monkeypatch):
     import sys
 
-    from searchrl.errors import SearchRLError
 
     monkeypatch.setitem(sys.modules, "peft", None)  # makes `import peft` fail
     cfg = load_config(TrainConfig, None, _overrides(world, tmp_path, "algorithm.lora.enabled=true"))
@@ -319,3 +321,16 @@ def test_micro_batches_keep_groups_together_and_sort_by_length():
     assert chunks == [[1, 2], [0], [3, 5], [6, 4]]
     shuffled = group_order(group_ids, lengths, torch.Generator().manual_seed(1))
     assert sorted(shuffled.tolist()) == list(range(7))
+
+
+def test_stage_questions_narrow_to_the_configured_types(tmp_path):
+    path = tmp_path / "typed.jsonl"
+    rows = [{"id": f"q{i}", "question": f"q {i}?", "answers": ["a"], "type": t}
+            for i, t in enumerate(["comparison", "bridge-2hop", "comparison", "inference"])]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    stage = TrainConfig().stage2.model_copy(update={"dataset": str(path)})
+    assert [q.id for q in trainer.stage_questions(stage)] == ["q0", "q1", "q2", "q3"]
+    narrowed = stage.model_copy(update={"question_types": ["comparison", "inference"]})
+    assert [q.id for q in trainer.stage_questions(narrowed)] == ["q0", "q2", "q3"]
+    with pytest.raises(SearchRLError, match=r"its types are \['bridge-2hop', 'comparison', 'inference'\]"):
+        trainer.stage_questions(stage.model_copy(update={"question_types": ["yes-no"]}))

@@ -94,6 +94,9 @@ class EvalConfig(StrictModel):
         "it into made-up dialogue, which a larger budget only makes slower (the first line is kept).",
     )
     batch_size: int = Field(16, ge=1, description="Questions generated together (memory vs speed).")
+    require_think: bool = Field(
+        True, description="Format rule `think` in the format-OK rate; false as in training runs that drop it (the CPU demo)."
+    )
     dump_tokens: bool = Field(
         False, description="Also write prompt/response token ids, loss mask and log-probs to predictions.jsonl."
     )
@@ -166,15 +169,17 @@ def predict(traj: Trajectory, method: str, tags: TagSet) -> str | None:
     return _first_line(policy, tags)
 
 
-def format_verdict(traj: Trajectory, method: str, protocol: Protocol):
+def format_verdict(traj: Trajectory, method: str, protocol: Protocol, require_think: bool = True):
     """The rewards' format check; rag/direct as if an empty think block preceded the answer."""
     from searchrl.rewards import check_format, check_segments
 
     if method == "agent":
-        return check_format(traj, protocol.tags, think_opened_in_prompt=protocol.think_opened_in_prompt)
+        return check_format(
+            traj, protocol.tags, think_opened_in_prompt=protocol.think_opened_in_prompt, require_think=require_think
+        )
     tags = protocol.tags
     segments = [Segment(tags.think_close + tags.answer_open, "policy"), *traj.segments]
-    return check_segments(segments, tags, question=traj.question, think_opened_in_prompt=True)
+    return check_segments(segments, tags, question=traj.question, think_opened_in_prompt=True, require_think=require_think)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -221,7 +226,7 @@ def records(cfg: EvalConfig, questions: Sequence[Question], trajs: Sequence[Traj
     out = []
     for q, t in zip(questions, trajs):
         prediction = predict(t, cfg.method, protocol.tags)
-        verdict = format_verdict(t, cfg.method, protocol)
+        verdict = format_verdict(t, cfg.method, protocol, cfg.require_think)
         rec = t.to_dict(tokens=cfg.dump_tokens)
         rec.update(
             id=q.id,

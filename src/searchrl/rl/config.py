@@ -107,6 +107,10 @@ class StageConfig(StrictModel):
 
     enabled: bool = Field(True, description="Run this stage (stage1.enabled=false is the skip-Stage-1 ablation).")
     dataset: str = Field("toyworld:train", description="Training questions: catalog name (r1s-stage1, toyworld:train, ...), a file, or hf:NAME.")
+    question_types: list[str] | None = Field(
+        None, description="Train only on questions of these types (Question.type: e.g. comparison, bridge-2hop; 2Wiki's "
+        "compositional, inference); null = all."
+    )
     reward: RewardConfig = Field(default_factory=RewardConfig, description="Reward of this stage (SPEC §3).")
     steps: int = Field(10, ge=0, description="Training steps (one rollout batch each).")
     prompts_per_step: int = Field(4, ge=1, description="Questions per step.")

@@ -38,7 +38,7 @@ from searchrl.data.types import Question
 from searchrl.errors import SearchRLError
 from searchrl.metrics import ANSWER_METRICS
 from searchrl.protocol import Protocol
-from searchrl.rewards import compute_reward
+from searchrl.rewards import FORMAT_RULES, compute_reward
 from searchrl.rl import checkpoint as ckpt
 from searchrl.rl.advantages import compute_advantages
 from searchrl.rl.batch import RolloutBatch, group_chunks, group_order, make_batch
@@ -48,6 +48,7 @@ from searchrl.rl.logprobs import batched_logprobs, micro_logprobs
 from searchrl.rl.losses import kl_loss, kl_penalty, masked_mean, policy_loss
 from searchrl.rl.policy import autocast, load_policy, make_reference, set_update_mode
 from searchrl.rl.sampler import PromptSampler
+from searchrl.rollout.trajectory import STOP_REASONS
 
 # Keys of a step record that measure time, not learning (they differ between identical runs).
 TIMING_KEYS = ("step_seconds", "rollout_seconds", "logprob_seconds", "update_seconds", "tokens_per_s")
@@ -79,6 +80,23 @@ class Learner:
         if alg.lr_schedule == "linear":
             return 1.0 - (1 - alg.min_lr_ratio) * progress
         return 1.0
+
+
+def stage_questions(stage_cfg) -> list[Question]:
+    """The stage's training questions: its dataset, narrowed to `question_types` when set."""
+    from searchrl.data.catalog import load_dataset
+
+    questions = load_dataset(stage_cfg.dataset)
+    if stage_cfg.question_types is None:
+        return questions
+    wanted = set(stage_cfg.question_types)
+    kept = [q for q in questions if q.type in wanted]
+    if not kept:
+        found = sorted({q.type for q in questions if q.type})
+        raise SearchRLError(
+            f"no question of {stage_cfg.dataset} has a type in question_types={sorted(wanted)}; its types are {found}"
+        )
+    return kept
 
 
 def step_seed(seed: int, stage: int, step: int) -> int:
@@ -229,8 +247,10 @@ def train_step(learner: Learner, questions: list[Question], step: int, stage_ste
         "update_seconds": t_end - t_logprob,
         "step_seconds": t_end - t_start,
     }
-    for reason in ("answer", "eos", "length", "max_searches", "empty_query"):
+    for reason in STOP_REASONS:
         record[f"stop_{reason}"] = float(np.mean([t.stop_reason == reason for t in trajs]))
+    for rule in FORMAT_RULES:  # which rule holds format_ok down
+        record[f"format_failed_{rule}"] = float(np.mean([rule in r.failed_rules for r in rewards]))
     samples = []
     for t, q, r, gid in zip(trajs, [q for q in questions for _ in range(n)], rewards, group_ids):
         rec = t.to_dict(tokens=False)
@@ -297,7 +317,6 @@ def train(cfg: TrainConfig, resume: Path | None = None, stages: list[int] | None
     `resume`: a run directory; training continues after its newest complete checkpoint with the
     saved optimizer, RNG and data position, so the finished run equals an uninterrupted one.
     """
-    from searchrl.data.catalog import load_dataset
     from searchrl.eval.run import open_retriever
     from searchrl.rollout.engine import RolloutEngine
     from searchrl.rollout.hf_backend import HFBackend
@@ -330,7 +349,7 @@ def train(cfg: TrainConfig, resume: Path | None = None, stages: list[int] | None
             stage_cfg = cfg.stage(stage)
             resuming = state is not None and state["stage"] == stage
             start_step = state["stage_step"] if resuming else 0
-            sampler = PromptSampler(load_dataset(stage_cfg.dataset), cfg.seed, stage, state["data_position"] if resuming else 0)
+            sampler = PromptSampler(stage_questions(stage_cfg), cfg.seed, stage, state["data_position"] if resuming else 0)
             b = stage_cfg.prompts_per_step * stage_cfg.samples_per_prompt
             alg = cfg.algorithm
             optimizer = torch.optim.AdamW(

@@ -3,7 +3,8 @@
 
 One batch of rollouts advances in rounds:
 
-1. every active sequence generates until the end-of-query tag, `</answer>`, EOS, or its budget;
+1. every active sequence generates until the end-of-query tag, `</answer>`, EOS, its budget, or
+   (completion templates) a new "User:" line, where it has ended its turn (`turn_end`);
 2. a sequence that stopped on end-of-query has its query read from the policy text written since
    the last insertion (empty -> the rollout ends, `empty_query`; searches used up -> it ends,
    `max_searches`, the query unserved);
@@ -162,6 +163,8 @@ class RolloutEngine:
                         r.stop_reason = "eos"
                     elif o.finish_reason == "stop" and o.stop_string == tags.answer_close:
                         r.stop_reason = "answer"
+                    elif o.finish_reason == "stop" and o.stop_string == self.protocol.turn_end:
+                        r.stop_reason = "turn_end"
                     elif o.finish_reason == "stop" and o.stop_string == tags.query_close:
                         query = self.protocol.extract_query(be.decode(r.current_policy_ids()))
                         if not query:

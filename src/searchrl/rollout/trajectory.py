@@ -8,7 +8,7 @@ from typing import Literal
 Source = Literal["policy", "env"]
 
 # Why a rollout stopped.
-STOP_REASONS = ("answer", "eos", "length", "max_searches", "empty_query")
+STOP_REASONS = ("answer", "eos", "turn_end", "length", "max_searches", "empty_query")
 
 
 @dataclass

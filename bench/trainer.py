@@ -1,0 +1,312 @@
+"""One RL step: our trainer (`searchrl.rl.trainer.train_step`) against TRL's `GRPOTrainer`.
+
+In ONE run, each trainer in its own subprocess (so its peak RSS is its own), on the same
+workload: the same model (fp32, CPU), the same P prompts per step (the few-shot search-r1
+prompts of toyworld:train questions, in the same order), G samples per prompt, the same
+max new tokens, temperature and top-p, AdamW with the same lr/betas/clipping, GRPO advantages
+((r - mean) / std per group), token-mean loss, beta = 0 (no reference model), and exactly ONE
+optimizer step per RL step, over the same micro-batch x accumulation split. No search: TRL
+has no such environment, so our engine runs with no stop strings (it generates to EOS or the
+budget, as `generate` does) and a retriever that fails if called. Both score completions with
+the same toy reward (a hash of the text: negligible cost, and groups with variance so
+neither trainer skips its update).
+
+Warm-up steps are run and dropped; then the median wall (and CPU) seconds of --steps steps.
+Step time of ours = `train_step` (rollouts, rewards, log-probs, update, metrics); of TRL =
+on_step_begin to on_step_end (generation, rewards, loss, backward, optimizer), which leaves
+out its data loading and logging, in TRL's favour. Sampled lengths differ from run to run, so
+the mean completion length and tokens/s (completion tokens per step second) are printed too.
+Goal: ours <= 1.0x TRL's time per step. The last line holds `name=value` pairs, ratios first.
+
+    python bench/trainer.py --threads 1                # P=2, G=8, 128 tokens, 3 timed steps
+    python bench/trainer.py --model tiny-random --prompts 1 --group 2 --max-new-tokens 8 \\
+        --steps 1 --micro-batch 2 --top-p 1.0          # a seconds-long smoke run
+
+Differences that are the trainers' own, not settings: ours prefills a group's shared prompt
+once in generation and once per micro-batch in the update, TRL repeats it for every sample;
+both run the LM head on completion tokens only, ours by gathering hidden states, TRL through
+its fused chunked head (trl.trainer.utils.add_fused_lm_head) -- which, off CUDA/XPU, scores
+EVERY position, the ~600-token prompt included. That is TRL as shipped on CPU and the default
+here; --trl-compact-head gives TRL its GPU behaviour (completion positions only), a best case
+for TRL. TRL's process also imports datasets/pandas/pyarrow (see the "base GB" column).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+RESULT = "RESULT "  # prefix of the one stdout line a worker reports on
+
+
+def toy_reward(text: str) -> float:
+    """A score in [0, 1) hashed from the text: deterministic, negligible cost, and different for
+    different completions, so every group has variance and neither trainer skips its update
+    (ours skips updates whose advantages are all 0). The bench measures speed, not learning."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") / 2**64
+
+
+def workload(args):
+    """(questions, prompts) of every step, question-major: step s uses rows [s*P, (s+1)*P)."""
+    from searchrl.assets import load_tokenizer
+    from searchrl.data.catalog import load_dataset
+    from searchrl.protocol import Protocol
+
+    n = args.prompts * (args.warmup + args.steps)
+    questions = load_dataset("toyworld:train")[:n]
+    if len(questions) < n:
+        raise SystemExit(f"toyworld:train has {len(questions)} questions; this run needs {n}")
+    tok = load_tokenizer(args.model)
+    protocol = Protocol.named("search-r1", "fewshot")
+    return questions, [protocol.prompt(q.question, tok) for q in questions], protocol
+
+
+def peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
+
+
+# ------------------------------------------------------------------------------------------------
+# ours
+
+
+def run_ours(args) -> dict:
+    import torch
+
+    from searchrl.protocol import Protocol, ProtocolConfig
+    from searchrl.retrieval.base import Retriever
+    from searchrl.rewards import RewardBreakdown
+    from searchrl.rl import trainer
+    from searchrl.rl.config import AlgorithmConfig, LoggingConfig, StageConfig, TrainConfig
+    from searchrl.rl.policy import load_policy
+    from searchrl.rollout.engine import RolloutConfig, RolloutEngine
+    from searchrl.rollout.hf_backend import HFBackend
+
+    questions, _, protocol = workload(args)
+    cfg = TrainConfig(
+        model=args.model, seed=args.seed, dtype="float32",
+        protocol=ProtocolConfig(tags="search-r1", template="fewshot"),
+        rollout=RolloutConfig(max_new_tokens=args.max_new_tokens, temperature=1.0, top_p=args.top_p,
+                              max_searches=0, batch_size=args.prompts * args.group),
+        algorithm=AlgorithmConfig(advantage="grpo", loss_agg="token-mean", kl_coef=0.0, ppo_epochs=1,
+                                  mini_batch_size=None, micro_batch_size=args.micro_batch, lr=args.lr,
+                                  betas=(0.9, 0.95), weight_decay=0.0, max_grad_norm=1.0,
+                                  gradient_checkpointing=args.gradient_checkpointing),
+        stage1=StageConfig(steps=args.warmup + args.steps, prompts_per_step=args.prompts, samples_per_prompt=args.group),
+        logging=LoggingConfig(progress=False, tensorboard=False, sample_every=0),
+    )
+    torch.manual_seed(args.seed)
+    model, tok = load_policy(cfg)
+
+    class NoSearch(Retriever):
+        def search(self, queries, k):
+            raise RuntimeError("bench/trainer.py runs without search; the engine must not call the retriever")
+
+    # TRL's generate stops only at EOS or the budget; ours would also stop at </search> and
+    # </answer>, so without stop strings both sample the same kind of completion.
+    class NoStops(Protocol):
+        def stop_strings(self) -> list[str]:
+            return []
+
+    no_stops = NoStops(protocol.tags, protocol.template, protocol.doc_style)
+    engine = RolloutEngine(HFBackend(model, tok), NoSearch(), no_stops, cfg.rollout)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.algorithm.lr,
+                                  betas=cfg.algorithm.betas, weight_decay=0.0)
+    learner = trainer.Learner(cfg, 1, model, tok, engine, protocol, optimizer, None, updates_per_step=1)
+    base_gb = peak_rss_gb()
+
+    def reward(traj, golds, *a, **kw):  # replaces the stage reward: the same toy reward as TRL's
+        r = toy_reward("".join(s.text for s in traj.segments if s.source == "policy"))
+        return RewardBreakdown(r, 0.0, 0.0, r, False, [], 0.0)
+
+    trainer.compute_reward = reward
+    steps = []
+    for s in range(args.warmup + args.steps):
+        w0, c0 = time.perf_counter(), time.process_time()
+        record, _ = trainer.train_step(learner, questions[s * args.prompts : (s + 1) * args.prompts], s + 1, s)
+        wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+        if record["updates"] != 1:
+            raise SystemExit(f"step {s + 1} made {record['updates']} optimizer steps, not 1")
+        steps.append({"wall": wall, "cpu": cpu, "mean_len": record["response_tokens"]})
+        print(f"  ours step {s + 1}: {wall:.2f}s wall, mean length {record['response_tokens']:.1f}", file=sys.stderr, flush=True)
+    return {"steps": steps[args.warmup :], "threads": torch.get_num_threads(), "peak_gb": peak_rss_gb(), "base_gb": base_gb}
+
+
+# ------------------------------------------------------------------------------------------------
+# TRL
+
+
+def run_trl(args) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from searchrl.assets import load_tokenizer, resolve_model
+
+    if args.trl_compact_head:
+        # TRL's fused LM head scores only completion positions where Triton runs (CUDA/XPU) and
+        # every position, the prompt's too, elsewhere; this gives CPU the GPU's choice.
+        import trl.trainer.utils
+
+        trl.trainer.utils._use_triton = lambda device: True
+    _, prompts, _ = workload(args)
+    batch = args.prompts * args.group
+    accum = batch // args.micro_batch
+    out = tempfile.mkdtemp(prefix="bench-trl-")
+    config = GRPOConfig(
+        output_dir=out, seed=args.seed,
+        # One generation batch of P*G completions = one optimizer step over accum micro-batches.
+        per_device_train_batch_size=args.micro_batch, gradient_accumulation_steps=accum,
+        steps_per_generation=accum, num_generations=args.group, num_iterations=1,
+        max_steps=args.warmup + args.steps, shuffle_dataset=False,
+        max_completion_length=args.max_new_tokens, temperature=1.0, top_p=args.top_p, top_k=0,
+        beta=0.0, loss_type="dapo", scale_rewards="group",  # dapo = token-mean over the batch
+        learning_rate=args.lr, adam_beta1=0.9, adam_beta2=0.95, weight_decay=0.0, max_grad_norm=1.0,
+        optim="adamw_torch", lr_scheduler_type="constant", warmup_steps=0,  # ours: plain torch AdamW
+        gradient_checkpointing=args.gradient_checkpointing,  # TRL defaults to on; ours to off
+        disable_dropout=True, use_cpu=True, bf16=False, fp16=False,
+        model_init_kwargs={"dtype": torch.float32},
+        use_vllm=False, use_transformers_paged=False,  # the plain `model.generate` path
+        report_to="none", logging_steps=1, save_strategy="no", eval_strategy="no",
+        log_completions=False, disable_tqdm=True, dataloader_num_workers=0,
+    )
+
+    class Clock(TrainerCallback):
+        def __init__(self):
+            self.steps, self.logs, self.base_gb = [], [], 0.0
+
+        def on_train_begin(self, *a, **kw):
+            self.base_gb = peak_rss_gb()
+
+        def on_step_begin(self, *a, **kw):
+            self.w0, self.c0 = time.perf_counter(), time.process_time()
+
+        def on_step_end(self, *a, **kw):
+            self.steps.append({"wall": time.perf_counter() - self.w0, "cpu": time.process_time() - self.c0,
+                               "threads": torch.get_num_threads()})
+            print(f"  trl step {len(self.steps)}: {self.steps[-1]['wall']:.2f}s wall", file=sys.stderr, flush=True)
+
+        def on_log(self, args_, state, control, logs=None, **kw):
+            if logs and "completions/mean_length" in logs:
+                self.logs.append(logs)
+
+    def reward(completions, **kw):
+        return [toy_reward(c) for c in completions]
+
+    clock = Clock()
+    trainer = GRPOTrainer(
+        model=str(resolve_model(args.model)),  # the same save_pretrained folder ours loads
+        reward_funcs=reward, args=config, train_dataset=Dataset.from_dict({"prompt": prompts}),
+        processing_class=load_tokenizer(args.model), callbacks=[clock],
+    )
+    trainer.train()
+    if len(clock.steps) != args.warmup + args.steps or len(clock.logs) != len(clock.steps):
+        raise SystemExit(f"TRL ran {len(clock.steps)} steps with {len(clock.logs)} logs; expected {args.warmup + args.steps}")
+    steps = [dict(s, mean_len=log["completions/mean_length"]) for s, log in zip(clock.steps, clock.logs)]
+    return {"steps": steps[args.warmup :], "threads": min(s["threads"] for s in clock.steps), "peak_gb": peak_rss_gb(),
+            "base_gb": clock.base_gb}
+
+
+# ------------------------------------------------------------------------------------------------
+# the parent: both workers, one after the other, then the table
+
+
+def worker(args) -> None:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    result = (run_ours if args.worker == "ours" else run_trl)(args)
+    print(RESULT + json.dumps(result), flush=True)
+
+
+def launch(which: str, argv: list[str]) -> dict:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--worker", which],
+                          stdout=subprocess.PIPE, text=True, env=env, check=False)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT)]
+    if proc.returncode or not lines:
+        raise SystemExit(f"the {which} worker failed (exit {proc.returncode}); its stderr is above. stdout tail:\n"
+                         + proc.stdout[-2000:])
+    return json.loads(lines[-1][len(RESULT) :])
+
+
+def summarize(r: dict, batch: int) -> dict:
+    wall = statistics.median(s["wall"] for s in r["steps"])
+    cpu = statistics.median(s["cpu"] for s in r["steps"])
+    mean_len = statistics.fmean(s["mean_len"] for s in r["steps"])
+    tokens = sum(s["mean_len"] * batch for s in r["steps"])
+    return {"wall": wall, "cpu": cpu, "len": mean_len, "tok_s": tokens / sum(s["wall"] for s in r["steps"]),
+            "peak_gb": r["peak_gb"], "base_gb": r["base_gb"], "threads": r["threads"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="smollm2-135m", help="model name or folder (searchrl.assets); both trainers load it")
+    ap.add_argument("--prompts", type=int, default=2, help="prompts (questions) per RL step, P (demo: 2)")
+    ap.add_argument("--group", type=int, default=8, help="samples per prompt, G (demo: 8)")
+    ap.add_argument("--max-new-tokens", type=int, default=128, help="completion budget in tokens (demo: 128)")
+    ap.add_argument("--micro-batch", type=int, default=4,
+                    help="completions per forward/backward in both trainers (ours algorithm.micro_batch_size, TRL "
+                         "per_device_train_batch_size); P*G/this micro-batches are accumulated into one optimizer step")
+    ap.add_argument("--lr", type=float, default=5e-5, help="AdamW learning rate (demo: 5e-5)")
+    ap.add_argument("--top-p", type=float, default=0.95,
+                    help="nucleus sampling mass (paper: 0.95); 1.0 skips the vocabulary sort, for random tiny models")
+    ap.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations in both (default off, as in the demo)")
+    ap.add_argument("--trl-compact-head", action="store_true",
+                    help="let TRL's fused LM head score only completion positions on CPU, as it does on CUDA (TRL as "
+                         "shipped scores every prompt position too on CPU); a best case for TRL")
+    ap.add_argument("--steps", type=int, default=3, help="timed RL steps per trainer (the median is reported)")
+    ap.add_argument("--warmup", type=int, default=1, help="RL steps run first and not timed")
+    ap.add_argument("--seed", type=int, default=0, help="seed of both trainers")
+    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
+                    help="torch CPU threads in both subprocesses (default: all cores); 1 is steadier on a shared machine")
+    ap.add_argument("--worker", choices=["ours", "trl"], help=argparse.SUPPRESS)  # internal: run one side
+    args = ap.parse_args()
+    batch = args.prompts * args.group
+    if batch % args.micro_batch:
+        raise SystemExit(f"--micro-batch {args.micro_batch} must divide P*G = {batch}")
+    if args.steps < 1:
+        raise SystemExit("--steps must be at least 1")
+    if args.worker:
+        return worker(args)
+
+    from searchrl.assets import resolve_model
+
+    resolve_model(args.model)  # build the cached folder once, outside the timed workers
+    argv = sys.argv[1:]
+    accum = batch // args.micro_batch
+    print(f"model={args.model} fp32 cpu threads={args.threads} | {args.prompts} prompts x {args.group} samples = {batch} "
+          f"completions/step, max_new_tokens={args.max_new_tokens}, T=1.0 top_p={args.top_p}, lr={args.lr:g}, "
+          f"1 optimizer step/RL step = {accum} micro-batches x {args.micro_batch}, beta=0, no search, "
+          f"gradient_checkpointing={'on' if args.gradient_checkpointing else 'off'}, "
+          f"TRL LM head on {'completion positions (--trl-compact-head)' if args.trl_compact_head else 'all positions (as shipped on CPU)'}, "
+          f"{args.warmup} warm-up + {args.steps} timed steps", flush=True)
+    res = {}
+    for which in ("ours", "trl"):
+        res[which] = summarize(launch(which, argv), batch)
+    # base GB: peak RSS before the first step (imports + model); peak GB: over the whole process.
+    print(f"{'trainer':8} {'s/step':>8} {'cpu s/step':>10} {'mean len':>9} {'tok/s':>7} {'base GB':>8} {'peak GB':>8} {'threads':>7}")
+    for which, r in res.items():
+        print(f"{which:8} {r['wall']:8.2f} {r['cpu']:10.2f} {r['len']:9.1f} {r['tok_s']:7.1f} {r['base_gb']:8.2f} "
+              f"{r['peak_gb']:8.2f} {r['threads']:7d}")
+    o, t = res["ours"], res["trl"]
+    pairs = {
+        "ratio_time": o["wall"] / t["wall"], "ratio_cpu_time": o["cpu"] / t["cpu"], "ratio_memory": o["peak_gb"] / t["peak_gb"],
+        "ours_s_per_step": o["wall"], "trl_s_per_step": t["wall"], "ours_cpu_s_per_step": o["cpu"], "trl_cpu_s_per_step": t["cpu"],
+        "ours_peak_gb": o["peak_gb"], "trl_peak_gb": t["peak_gb"], "ours_mean_len": o["len"], "trl_mean_len": t["len"],
+        "ours_tok_s": o["tok_s"], "trl_tok_s": t["tok_s"], "completions": batch, "steps": args.steps, "threads": args.threads,
+    }
+    print("goal: ratio_time <= 1.0 (ours / TRL seconds per RL step)")
+    print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in pairs.items()))
+
+
+if __name__ == "__main__":
+    main()
