@@ -269,7 +269,7 @@ def ask(
     retriever_url: str | None = typer.Option(None, "--retriever-url", help="Retrieval server URL, instead of --index."),
     retriever_api: str = typer.Option("native", "--retriever-api", help="Server API: native, r1searcher or search-r1."),
     tags: str = typer.Option("r1searcher", "--tags", help="Tag preset: r1searcher or search-r1 (use it with fewshot for SmolLM2-135M)."),
-    template: str = typer.Option("base", "--template", help="Prompt template: base, chat, fewshot, fewshot-chat or a file."),
+    template: str = typer.Option("base", "--template", help="Prompt template: base, chat, fewshot, oneshot, fewshot-chat or a file."),
     k: int = typer.Option(5, "-k", "--k", min=1, help="Passages per search."),
     max_searches: int = typer.Option(8, "--max-searches", min=0, help="Most searches served."),
     max_new_tokens: int = typer.Option(512, "--max-new-tokens", min=1, help="Policy tokens, all turns together."),

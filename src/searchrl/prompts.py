@@ -173,14 +173,18 @@ def chat_prompt(question: str, tags: TagSet, tokenizer=None, doc_style: str = "r
     return _apply_chat(tokenizer, messages, "chat") + tags.think_open
 
 
+def _examples_prompt(question: str, tags: TagSet, doc_style: str, n: int | None) -> str:
+    return (
+        f"{instruction_text(tags)}\n\n{examples_text(tags, doc_style, n)}\n\n"
+        f"User: {question}\nAssistant: {tags.think_open}"
+    )
+
+
 @PROMPT_TEMPLATES.register("fewshot")
 def fewshot_prompt(
     question: str, tags: TagSet, tokenizer=None, doc_style: str = "r1searcher"
 ) -> str:
-    return (
-        f"{instruction_text(tags)}\n\n{examples_text(tags, doc_style)}\n\n"
-        f"User: {question}\nAssistant: {tags.think_open}"
-    )
+    return _examples_prompt(question, tags, doc_style, None)
 
 
 @PROMPT_TEMPLATES.register("oneshot")
@@ -189,10 +193,7 @@ def oneshot_prompt(
 ) -> str:
     # The two-search example alone: ~220 fewer prompt tokens than `fewshot`, which every rollout
     # and every update pass reads (a third of a CPU training step).
-    return (
-        f"{instruction_text(tags)}\n\n{examples_text(tags, doc_style, n=1)}\n\n"
-        f"User: {question}\nAssistant: {tags.think_open}"
-    )
+    return _examples_prompt(question, tags, doc_style, 1)
 
 
 @PROMPT_TEMPLATES.register("fewshot-chat")
