@@ -247,6 +247,10 @@ class RewardConfig(StrictModel):
     """Stage-2 R_format for a violation (paper: -2, a strong penalty against format collapse)."""
     answer_weight: float = 1.0
     """Weight of R_answer in Stage 2 (paper: 1)."""
+    stage2_retrieve_weight: float = 0.0
+    """Weight of R_retrieve added in Stage 2 (paper: 0). A model that can guess some answers
+    without searching (a 135M one picking between the two names of a comparison) unlearns search
+    in Stage 2 without it: search fell from 1.0 to 0.0 within 20 steps in our long CPU run."""
     answer_requires_format: bool = False
     """Zero R_answer when the format check fails (stops a malformed rollout from earning credit)."""
     max_answer_words: int | None = Field(default=None, ge=1)
@@ -319,7 +323,8 @@ def stage2_reward(
     answer = (
         cfg.answer_weight * answer_score if (format_ok or not cfg.answer_requires_format) else 0.0
     )
-    return 0.0, fmt, answer
+    retrieve = cfg.stage2_retrieve_weight * (cfg.retrieve_hit if n_searches >= 1 else cfg.retrieve_miss)
+    return retrieve, fmt, answer
 
 
 def compute_reward(

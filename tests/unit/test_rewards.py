@@ -458,3 +458,12 @@ def test_format_check_command_reads_all_three_record_shapes(tmp_path, capsys):
     path.write_text('{"question": "q"}\n')
     with pytest.raises(DataError, match="record 1: no `segments`"):
         format_check_command(path, "r1searcher", None, True, as_json=True)
+
+
+def test_stage2_retrieve_weight_keeps_search_worth_its_cost():
+    searched, guessed = traj(GOOD), traj([P(" I know it.</think><answer>Tessaly</answer>")])
+    paper = RewardConfig(stage=2)
+    assert compute_reward(searched, ["Tessaly"], paper, T).total == compute_reward(guessed, ["Tessaly"], paper, T).total == 1.0
+    kept = RewardConfig(stage=2, stage2_retrieve_weight=0.5)
+    a, b = compute_reward(searched, ["Tessaly"], kept, T), compute_reward(guessed, ["Tessaly"], kept, T)
+    assert (a.retrieve, a.total, b.retrieve, b.total) == (0.5, 1.5, -0.5, 0.5)
