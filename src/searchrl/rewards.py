@@ -11,16 +11,16 @@ Format rules (names appear in `FormatVerdict.failed` and in the training metrics
 |---|---|
 | `think` | the think tags are not exactly one `</think>` (prompt already opened `<think>`) or one `<think>` at the start then one `</think>` |
 | `answer` | not exactly one non-empty `<answer>…</answer>` right after `</think>` (only whitespace between), or text after `</answer>` |
-
-`require_think=False` drops the `think` rule and the "right after `</think>`" clause: a
-tiny model (SmolLM2-135M) almost never closes `</think>` before answering, and a format reward
-no rollout can earn teaches nothing. Every other rule still holds.
 | `garbled` | the policy wrote U+FFFD, a control character other than tab/newline/CR, a surrogate, a private-use or an unassigned code point |
 | `script` | the policy wrote CJK text (outside the documents) and the question has none |
 | `query` | a query tag is unclosed, nested, stray, empty, or holds another protocol tag |
 | `forged_documents` | a policy segment holds a documents tag |
 | `answer_tags` | the answer holds a protocol tag (query, documents, think, answer) |
 | `answer_length` | the answer has more than `max_answer_words` words (the authors' code: 10) |
+
+`require_think=False` drops the `think` rule and the "right after `</think>`" clause: a
+tiny model (SmolLM2-135M) almost never closes `</think>` before answering, and a format reward
+no rollout can earn teaches nothing. Every other rule still holds.
 """
 
 from __future__ import annotations
@@ -131,9 +131,7 @@ def _structure_failures(
     think_ok = [t[0] for t in think] == expected
     if think_ok and not think_opened_in_prompt and view[: think[0][1]].strip():
         think_ok = False
-    if not require_think:
-        think_ok = False  # neither the rule nor the placement of the answer after </think>
-    elif not think_ok:
+    if require_think and not think_ok:
         failed.append("think")
     opens = [t for t in found if t[0] == tags.answer_open]
     closes = [t for t in found if t[0] == tags.answer_close]
@@ -142,7 +140,7 @@ def _structure_failures(
         answer_ok = (
             bool(view[opens[0][2] : closes[0][1]].strip()) and not view[closes[0][2] :].strip()
         )
-    if answer_ok and think_ok:
+    if answer_ok and think_ok and require_think:  # the answer right after </think>
         answer_ok = think[-1][2] <= opens[0][1] and not view[think[-1][2] : opens[0][1]].strip()
     if not answer_ok:
         failed.append("answer")
