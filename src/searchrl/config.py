@@ -48,19 +48,28 @@ def deep_merge(base: dict, extra: dict) -> dict:
     return out
 
 
+def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+    """A config file's mapping; a top-level `extends: OTHER.yaml` (relative to the file) is read
+    first and this file's keys are deep-merged over it, so a variant states only what differs."""
+    if not path.is_file():
+        raise SearchRLError(f"config file {path} does not exist")
+    if path.resolve() in seen:
+        raise SearchRLError(f"config file {path} extends itself (via {' -> '.join(map(str, seen))})")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise SearchRLError(f"config file {path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise SearchRLError(f"config file {path} must hold a mapping at top level")
+    base = data.pop("extends", None)
+    if base is None:
+        return data
+    return deep_merge(_read_yaml(path.parent / str(base), (*seen, path.resolve())), data)
+
+
 def load_config(cls: type[C], path: str | Path | None = None, overrides: list[str] = ()) -> C:
     """Build `cls` from an optional YAML file and `key=value` overrides, with clear errors."""
-    data: dict = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise SearchRLError(f"config file {path} does not exist")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise SearchRLError(f"config file {path} is not valid YAML: {exc}") from None
-        if not isinstance(data, dict):
-            raise SearchRLError(f"config file {path} must hold a mapping at top level")
+    data = _read_yaml(Path(path)) if path is not None else {}
     data = deep_merge(data, parse_overrides(list(overrides)))
     try:
         return cls.model_validate(data)

@@ -334,3 +334,19 @@ def test_stage_questions_narrow_to_the_configured_types(tmp_path):
     assert [q.id for q in trainer.stage_questions(narrowed)] == ["q0", "q2", "q3"]
     with pytest.raises(SearchRLError, match=r"its types are \['bridge-2hop', 'comparison', 'inference'\]"):
         trainer.stage_questions(stage.model_copy(update={"question_types": ["yes-no"]}))
+
+
+def test_a_config_extends_another_and_overrides_only_what_it_sets(tmp_path):
+    long = load_config(TrainConfig, CONFIGS / "toyworld-cpu-long.yaml")
+    demo = load_config(TrainConfig, CONFIGS / "demo-cpu.yaml")
+    assert long.stage2.reward.stage2_retrieve_weight == 0.5 and demo.stage2.reward.stage2_retrieve_weight == 0.0
+    assert long.stage2.reward.require_think is False  # merged into the base's reward mapping, not replacing it
+    assert (long.stage2.steps, long.algorithm.lr_schedule) == (24, "cosine")
+    assert long.protocol == demo.protocol and long.stage1 == demo.stage1 and long.rollout == demo.rollout
+    (tmp_path / "a.yaml").write_text("extends: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("extends: a.yaml\n")
+    with pytest.raises(SearchRLError, match="extends itself"):
+        load_config(TrainConfig, tmp_path / "a.yaml")
+    (tmp_path / "c.yaml").write_text("extends: missing.yaml\n")
+    with pytest.raises(SearchRLError, match="missing.yaml does not exist"):
+        load_config(TrainConfig, tmp_path / "c.yaml")
