@@ -1,4 +1,4 @@
-"""One RL step: our trainer (`searchrl.rl.trainer.train_step`) against TRL's `GRPOTrainer`.
+"""One RL step: our trainer (`searchrl.rl.step.train_step`) against TRL's `GRPOTrainer`.
 
 In ONE run, each trainer in its own subprocess (so its peak RSS is its own), on the same
 workload: the same model (fp32, CPU), the same P prompts per step (the few-shot search-r1
@@ -83,10 +83,12 @@ def run_ours(args) -> dict:
     from searchrl.protocol import Protocol, ProtocolConfig
     from searchrl.retrieval.base import Retriever
     from searchrl.rewards import RewardBreakdown
-    from searchrl.rl import trainer
+    from searchrl.rl import step
+    from searchrl.rl.actor import Actor
     from searchrl.rl.config import AlgorithmConfig, LoggingConfig, StageConfig, TrainConfig
-    from searchrl.rl.policy import load_policy
-    from searchrl.rollout.engine import RolloutConfig, RolloutEngine
+    from searchrl.rl.rollout_worker import RolloutWorker
+    from searchrl.rl.trainer import step_seed
+    from searchrl.rollout.engine import RolloutConfig
     from searchrl.rollout.hf_backend import HFBackend
 
     questions, _, protocol = workload(args)
@@ -103,7 +105,8 @@ def run_ours(args) -> dict:
         logging=LoggingConfig(progress=False, tensorboard=False, sample_every=0),
     )
     torch.manual_seed(args.seed)
-    model, tok = load_policy(cfg)
+    actor = Actor.load(cfg)
+    actor.start_stage(1, None)
 
     class NoSearch(Retriever):
         def search(self, queries, k):
@@ -116,21 +119,19 @@ def run_ours(args) -> dict:
             return []
 
     no_stops = NoStops(protocol.tags, protocol.template, protocol.doc_style)
-    engine = RolloutEngine(HFBackend(model, tok), NoSearch(), no_stops, cfg.rollout)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.algorithm.lr,
-                                  betas=cfg.algorithm.betas, weight_decay=0.0)
-    learner = trainer.Learner(cfg, 1, model, tok, engine, protocol, optimizer, None, updates_per_step=1)
+    worker = RolloutWorker(HFBackend(actor.model, actor.tokenizer), NoSearch(), no_stops, cfg.rollout, actor.autocast)
     base_gb = peak_rss_gb()
 
     def reward(traj, golds, *a, **kw):  # replaces the stage reward: the same toy reward as TRL's
         r = toy_reward("".join(s.text for s in traj.segments if s.source == "policy"))
         return RewardBreakdown(r, 0.0, 0.0, r, False, [], 0.0)
 
-    trainer.compute_reward = reward
+    step.compute_reward = reward
     steps = []
     for s in range(args.warmup + args.steps):
         w0, c0 = time.perf_counter(), time.process_time()
-        record, _ = trainer.train_step(learner, questions[s * args.prompts : (s + 1) * args.prompts], s + 1, s)
+        at = step.StepIndex(stage=1, step=s + 1, stage_step=s, seed=step_seed(args.seed, 1, s + 1))
+        record, _ = step.train_step(actor, worker, cfg.stage1, questions[s * args.prompts : (s + 1) * args.prompts], at)
         wall, cpu = time.perf_counter() - w0, time.process_time() - c0
         if record["updates"] != 1:
             raise SystemExit(f"step {s + 1} made {record['updates']} optimizer steps, not 1")

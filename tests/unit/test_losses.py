@@ -5,6 +5,7 @@ Shapes: B rollouts, T response tokens, V vocabulary; mask [B, T] is 1 at policy 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -17,8 +18,10 @@ from searchrl.rl.losses import (
     entropy_from_logits,
     kl_loss,
     kl_penalty,
+    loss_units,
     masked_entropy,
     masked_mean,
+    masked_moments,
     masked_sum,
     masked_whiten,
     policy_loss,
@@ -28,7 +31,8 @@ from searchrl.rl.losses import (
 LN2 = math.log(2.0)
 
 
-def close(actual: torch.Tensor, expected, atol: float = 1e-5) -> None:
+def close(actual: torch.Tensor | float, expected, atol: float = 1e-5) -> None:
+    actual = torch.as_tensor(actual)
     exp = torch.as_tensor(expected, dtype=actual.dtype)
     torch.testing.assert_close(actual, exp, atol=atol, rtol=0)
 
@@ -71,9 +75,9 @@ def test_policy_loss_ratio_one_is_minus_mean_advantage():
     mask = torch.tensor([[1, 1, 0]])
     loss, stats = policy_loss(logp, logp.clone(), adv, mask)
     close(loss, -1.5)  # −(1 + 2)/2: the masked 3 is left out
-    close(stats["clip_frac"], 0.0)
-    close(stats["approx_kl"], 0.0)
-    close(stats["ratio_mean"], 1.0)
+    close(stats.clip_frac, 0.0)
+    close(stats.approx_kl, 0.0)
+    close(stats.ratio_mean, 1.0)
 
 
 def test_policy_loss_clipped_case_by_hand():
@@ -88,9 +92,9 @@ def test_policy_loss_clipped_case_by_hand():
     # approx_kl = mean((r − 1) − ln r) = (0.5 − 0.405465 + 2·(−0.5 + 0.693147))/3 = 0.160276
     loss, stats = policy_loss(logp, old, adv, mask, clip_eps=0.2)
     close(loss, -0.3)
-    close(stats["clip_frac"], 2 / 3)
-    close(stats["approx_kl"], 0.160276)
-    close(stats["ratio_mean"], 2.5 / 3)
+    close(stats.clip_frac, 2 / 3)
+    close(stats.approx_kl, 0.160276)
+    close(stats.ratio_mean, 2.5 / 3)
     # clip-higher: t0 now clips at 1.28 -> (−1.28 − 0.5 + 0.8)/3 = −0.326667
     loss_hi, _ = policy_loss(logp, old, adv, mask, clip_eps=0.2, clip_eps_high=0.28)
     close(loss_hi, -0.98 / 3)
@@ -123,7 +127,7 @@ def test_masked_tokens_change_neither_loss_nor_gradient():
             loss.backward()
             grads.append(logp.grad)
             losses.append(loss.detach())
-            assert all(torch.isfinite(v) for v in stats.values())
+            assert all(math.isfinite(v) for v in dataclasses.astuple(stats))
         torch.testing.assert_close(losses[0], losses[1])
         torch.testing.assert_close(grads[0], grads[1])
         assert torch.equal(grads[1][mask == 0], torch.zeros(4))
@@ -148,7 +152,7 @@ def test_policy_loss_empty_mask_is_zero_not_nan():
     loss, stats = policy_loss(logp, torch.randn(2, 3), torch.randn(2, 3), torch.zeros(2, 3))
     loss.backward()
     assert loss.item() == 0.0 and torch.equal(logp.grad, torch.zeros(2, 3))
-    assert all(v.item() == 0.0 for v in stats.values())
+    assert dataclasses.astuple(stats) == (0.0, 0.0, 0.0)
 
 
 # --- KL ------------------------------------------------------------------------------------
@@ -234,3 +238,38 @@ def test_token_logprobs_gradient_and_empty_t():
     close(logits.grad, [[[-0.25, -0.25, 0.75, -0.25]]])
     assert token_logprobs(torch.zeros(2, 0, 5), torch.zeros(2, 0, dtype=torch.long)).shape == (2, 0)
     assert entropy_from_logits(torch.zeros(2, 0, 5), chunk_size=4).shape == (2, 0)
+
+
+# --- explicit denominators: split batches add up to the whole ----------------------------------
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_split_batch_with_the_whole_batch_units_sums_to_the_whole_batch_loss(agg):
+    # Two "processes" (or micro-batches) with 2 rollouts each; each divides by the units of all
+    # 4 rollouts, so their losses (and so their gradients) add up to the loss of the whole batch.
+    g = torch.Generator().manual_seed(0)
+    logp = torch.randn(4, 5, generator=g, requires_grad=True)
+    old, adv = torch.randn(4, 5, generator=g), torch.randn(4, 5, generator=g)
+    mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0], [1, 0, 1, 0, 1]])
+    whole, _ = policy_loss(logp, old, adv, mask, agg=agg)
+    units = loss_units(mask, agg)
+    assert units == (10 if agg == "token-mean" else 3)
+    parts = [policy_loss(logp[i], old[i], adv[i], mask[i], agg=agg, units=units)[0] for i in (slice(0, 2), slice(2, 4))]
+    close(parts[0] + parts[1], whole)
+    (g_whole,) = torch.autograd.grad(whole, logp)
+    (g_parts,) = torch.autograd.grad(parts[0] + parts[1], logp)
+    torch.testing.assert_close(g_parts, g_whole)
+    # Local units instead would weigh the halves' tokens differently: a different loss.
+    local = [policy_loss(logp[i], old[i], adv[i], mask[i], agg=agg)[0] for i in (slice(0, 2), slice(2, 4))]
+    assert abs(float((local[0] + local[1]).detach()) - float(whole.detach())) > 1e-3
+
+
+def test_whitening_with_global_moments_equals_whitening_the_whole_batch():
+    x = torch.tensor([[1.0, 2.0, 3.0], [10.0, 0.0, 0.0], [4.0, 4.0, 0.0], [7.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 0, 0]])
+    whole = masked_whiten(x, mask)
+    mean, var = masked_moments(x, mask)  # what an all-reduce of sums and counts would give
+    close(mean, 31 / 7)
+    halves = [masked_whiten(x[i], mask[i], moments=lambda *_: (mean, var)) for i in (slice(0, 2), slice(2, 4))]
+    torch.testing.assert_close(torch.cat(halves), whole)
+    assert not torch.allclose(masked_whiten(x[:2], mask[:2]), whole[:2])  # local statistics differ

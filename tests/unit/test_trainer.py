@@ -19,11 +19,14 @@ from searchrl.errors import SearchRLError
 from searchrl.protocol import Protocol
 from searchrl.retrieval.index import build_index
 from searchrl.rewards import FORMAT_RULES
-from searchrl.rl import logprobs, trainer
+from searchrl.rl import actor as actor_module
+from searchrl.rl import logprobs, step, trainer
+from searchrl.rl.actor import Actor
 from searchrl.rl.checkpoint import complete_checkpoints, latest_checkpoint
 from searchrl.rl.config import TrainConfig
 from searchrl.rl.logging import read_metrics
 from searchrl.rl.policy import load_policy
+from searchrl.rl.rollout_worker import RolloutWorker
 from searchrl.rl.sampler import PromptSampler
 from searchrl.rollout.trajectory import Segment, Trajectory
 
@@ -68,13 +71,13 @@ def _overrides(world: Path, out: Path, *extra: str) -> list[str]:
 def varied_rewards(monkeypatch):
     """A random model never searches or answers, so every group's reward is flat and nothing
     would train; add a deterministic function of the sampled tokens to get a real signal."""
-    real = trainer.compute_reward
+    real = step.compute_reward
 
     def reward(traj, golds, cfg, tags, **kw):
         r = real(traj, golds, cfg, tags, **kw)
         return dataclasses.replace(r, total=r.total + (sum(traj.token_ids) % 7) / 7)
 
-    monkeypatch.setattr(trainer, "compute_reward", reward)
+    monkeypatch.setattr(step, "compute_reward", reward)
 
 
 def _question_ids(run: Path) -> dict[int, list[str]]:
@@ -112,8 +115,8 @@ def test_resume_after_crash_equals_uninterrupted_run(world, tmp_path, varied_rew
     # CPU: the resumed run reproduces the uninterrupted one to float rounding (1e-6).
     for ra, rb in zip(a, b):
         for key, value in ra.items():
-            if key in trainer.TIMING_KEYS or value is None:
-                assert key in trainer.TIMING_KEYS or rb[key] is None
+            if key in step.TIMING_KEYS or value is None:
+                assert key in step.TIMING_KEYS or rb[key] is None
                 continue
             assert rb[key] == pytest.approx(value, abs=1e-6, rel=1e-6), (ra["step"], key)
     # Learning happened (so the comparison means something) and the weights agree at the end.
@@ -133,17 +136,37 @@ def test_resume_after_crash_equals_uninterrupted_run(world, tmp_path, varied_rew
     assert "token_ids" not in rec and set(rec["reward"]) >= {"total", "retrieve", "format", "answer"}
 
 
-def _learner(cfg: TrainConfig, trajs: list[Trajectory]) -> trainer.Learner:
-    """A Learner whose engine hands back fixed trajectories (so tests control the tokens)."""
-    model, tok = load_policy(cfg)
+def _actor(cfg: TrainConfig) -> Actor:
+    actor = Actor.load(cfg)
+    actor.start_stage(2, None)
+    return actor
 
-    class FixedEngine:
-        def run(self, questions, n, progress=False):
+
+def _step(actor: Actor, trajs: list[Trajectory], questions: list[Question]):
+    """A Stage-2 step whose rollout worker hands back fixed trajectories (so tests control the
+    tokens) -> (record, samples)."""
+    cfg = actor.cfg
+
+    class FixedWorker(RolloutWorker):
+        def __init__(self):
+            pass
+
+        protocol = Protocol.from_config(cfg.protocol)
+
+        def collect(self, questions, n, seed, progress=False):
             return trajs
 
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.algorithm.lr)
-    protocol = Protocol.from_config(cfg.protocol)
-    return trainer.Learner(cfg, 2, model, tok, FixedEngine(), protocol, opt, None, 1)
+        def sync_weights(self, actor):
+            pass
+
+        def sleep(self):
+            pass
+
+        def wake(self):
+            pass
+
+    at = step.StepIndex(stage=2, step=1, stage_step=0, seed=1)
+    return step.train_step(actor, FixedWorker(), cfg.stage2, questions, at)
 
 
 def _traj(qid: str, prompt: list[int], tokens: list[int], mask: list[int]) -> Trajectory:
@@ -169,13 +192,13 @@ def test_environment_tokens_get_no_gradient_and_one_step_moves_weights(tmp_path,
     env_mask = [1, 1, 0, 0, 0, 1, 1, 1]
     trajs = [_traj("q0", [5, 6, 7], [100 + i + j for j in range(8)], env_mask) for i in range(4)]
     rewards = iter([0.0, 1.0, 0.5, 2.0])
-    monkeypatch.setattr(trainer, "compute_reward", lambda *a, **k: _fixed(next(rewards)))
-    learner = _learner(cfg, trajs)
-    before = {k: v.detach().clone() for k, v in learner.model.state_dict().items()}
+    monkeypatch.setattr(step, "compute_reward", lambda *a, **k: _fixed(next(rewards)))
+    actor = _actor(cfg)
+    before = {k: v.detach().clone() for k, v in actor.model.state_dict().items()}
 
     # Capture the logits scored in the update, and the loss mask of the same micro-batch.
     captured = []
-    real_micro, real_scores = trainer.micro_logprobs, logprobs._scores
+    real_micro, real_scores = actor_module.micro_logprobs, logprobs._scores
 
     def spy_micro(model, mb, *args, **kwargs):
         captured.append({"mask": mb.mask})
@@ -186,9 +209,9 @@ def test_environment_tokens_get_no_gradient_and_one_step_moves_weights(tmp_path,
         captured[-1].update(logits=logits, labels=labels)
         return real_scores(logits, labels, *args)
 
-    monkeypatch.setattr(trainer, "micro_logprobs", spy_micro)
+    monkeypatch.setattr(actor_module, "micro_logprobs", spy_micro)
     monkeypatch.setattr(logprobs, "_scores", spy_scores)
-    record, samples = trainer.train_step(learner, [Question("q0", "Which river?", ("R0",))], step=1, stage_step=0)
+    record, samples = _step(actor, trajs, [Question("q0", "Which river?", ("R0",))])
 
     assert record["updates"] == 1 and len(captured) == 1
     mask, logits = captured[0]["mask"], captured[0]["logits"]
@@ -199,7 +222,7 @@ def test_environment_tokens_get_no_gradient_and_one_step_moves_weights(tmp_path,
     else:  # [1, N]: the output head ran on policy tokens only
         assert grad.shape == (1, int(mask.sum())) and torch.all(grad > 0)
         assert captured[0]["labels"].tolist() == [[t for tr in trajs for t, m in zip(tr.token_ids, env_mask) if m]]
-    after = learner.model.state_dict()
+    after = actor.model.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
     assert record["response_tokens"] == 5 and record["env_tokens"] == 3
     # One update per batch: the update's own forward supplied the old log-probs (ratio 1).
@@ -246,13 +269,13 @@ def test_batch_without_policy_tokens_changes_nothing(tmp_path, monkeypatch, worl
     cfg = load_config(TrainConfig, None, _overrides(world, tmp_path, "algorithm.entropy_coef=0.1"))
     trajs = [_traj("q0", [5, 6], [], []), _traj("q0", [5, 6, 7], [9, 9], [0, 0])]  # empty; env only
     totals = iter([0.0, 1.0])
-    monkeypatch.setattr(trainer, "compute_reward", lambda *a, **k: _fixed(next(totals)))
-    learner = _learner(cfg, trajs)
-    before = {k: v.detach().clone() for k, v in learner.model.state_dict().items()}
-    record, _ = trainer.train_step(learner, [Question("q0", "Which river?", ("R0",))], step=1, stage_step=0)
+    monkeypatch.setattr(step, "compute_reward", lambda *a, **k: _fixed(next(totals)))
+    actor = _actor(cfg)
+    before = {k: v.detach().clone() for k, v in actor.model.state_dict().items()}
+    record, _ = _step(actor, trajs, [Question("q0", "Which river?", ("R0",))])
     assert record["updates"] == 0 and record["response_tokens"] == 0
     assert all(math.isfinite(v) for v in record.values() if isinstance(v, float))
-    assert all(torch.equal(before[k], v) for k, v in learner.model.state_dict().items())
+    assert all(torch.equal(before[k], v) for k, v in actor.model.state_dict().items())
 
 
 def test_prompt_sampler_epochs_are_seeded_permutations():
@@ -268,9 +291,9 @@ def test_prompt_sampler_epochs_are_seeded_permutations():
 def test_lr_schedule_warmup_then_cosine(world, tmp_path):
     cfg = load_config(TrainConfig, None, _overrides(world, tmp_path, "algorithm.warmup_steps=1", "algorithm.lr_schedule=cosine",
                                                     "algorithm.min_lr_ratio=0.0", "stage2.steps=3"))
-    learner = trainer.Learner(cfg, 2, None, None, None, None, None, None, updates_per_step=2)
+    actor = Actor(cfg, None, None)
     # 3 steps x 2 updates: warm-up over updates 0-1 (1/2, 1), then cosine over the remaining 4.
-    got = [learner.lr_factor(u) for u in range(6)]
+    got = [actor.lr_factor(u, steps=3, updates_per_step=2) for u in range(6)]
     want = [0.5, 1.0, 1.0, 0.5 * (1 + math.cos(math.pi / 4)), 0.5, 0.5 * (1 + math.cos(3 * math.pi / 4))]
     assert got == pytest.approx(want)
 

@@ -9,13 +9,18 @@ Notation for tensor shapes:
 Every estimator is registered in `ADVANTAGES` under an `AdvantageEstimator` name and has the
 same signature:
 
-    fn(rewards [B], group_ids [B], mask [B, T], *, eps=1e-6, kl=None, kl_coef=0.0) -> [B, T]
+    fn(rewards [B], group_ids [B], mask [B, T], *, eps=1e-6, kl=None, kl_coef=0.0,
+       moments=masked_moments) -> [B, T]
 
 `group_ids` says which prompt each rollout answers (a tensor or any list of hashables, e.g.
 question ids). The result is 0 at every masked token. `kl` [B, T] is the per-token k1
 estimate logp − ref_logp (`losses.kl_penalty(..., "k1")`); with kl_coef > 0 it acts as a
 reward penalty (R1-Searcher's KL option for Llama, kl_coef = 1e-4): Reinforce++ spreads it over
 the tokens as a reward-to-go, GRPO and RLOO subtract its sum from the sequence reward.
+
+Group statistics stay within a group, so they need nothing beyond the rows of that group (a
+group never spans processes). Batch statistics (Reinforce++'s whitening) come from `moments`,
+`losses.masked_moments` of this batch by default; several processes pass one computed globally.
 
 Degenerate inputs give zeros, never NaN: a group whose rewards are all equal (a group of one
 included: there is nothing to compare with) has no signal, and a rollout without a policy token
@@ -32,7 +37,7 @@ import torch
 from torch import Tensor
 
 from searchrl.registry import Registry
-from searchrl.rl.losses import masked_sum, masked_whiten
+from searchrl.rl.losses import Moments, masked_moments, masked_sum, masked_whiten
 
 GroupIds = Tensor | Sequence[Hashable]  # [B]
 AdvantageFn = Callable[..., Tensor]
@@ -170,6 +175,7 @@ def compute_reinforce_pp_advantages(
     eps: float = 1e-6,
     kl: Tensor | None = None,  # [B, T] logp − ref_logp
     kl_coef: float = 0.0,
+    moments: Moments = masked_moments,
 ) -> Tensor:  # [B, T]
     """REINFORCE++ with a group baseline (Hu 2025, arXiv:2501.03262), R1-Searcher's default.
 
@@ -184,7 +190,7 @@ def compute_reinforce_pp_advantages(
     centered, _ = _group_centered(r, group_index(group_ids, r.shape[0]).to(r.device))
     token_rewards = _penalize(outcome_at_last_token(centered, mask), kl, mask, kl_coef)
     returns = reward_to_go(token_rewards, mask)
-    return masked_whiten(returns, mask, eps).to(_out_dtype(rewards))
+    return masked_whiten(returns, mask, eps, moments).to(_out_dtype(rewards))
 
 
 @ADVANTAGES.register(AdvantageEstimator.GRPO.value)
@@ -196,6 +202,7 @@ def compute_grpo_advantages(
     eps: float = 1e-6,
     kl: Tensor | None = None,  # [B, T] logp − ref_logp
     kl_coef: float = 0.0,
+    moments: Moments = masked_moments,  # unused: no batch statistic
 ) -> Tensor:  # [B, T]
     """GRPO outcome advantage (Shao et al. 2024, arXiv:2402.03300 §4.1.2): (r − mean) / (std + eps).
 
@@ -219,6 +226,7 @@ def compute_rloo_advantages(
     eps: float = 1e-6,
     kl: Tensor | None = None,  # [B, T] logp − ref_logp
     kl_coef: float = 0.0,
+    moments: Moments = masked_moments,  # unused: no batch statistic
 ) -> Tensor:  # [B, T]
     """REINFORCE leave-one-out (Ahmadian et al. 2024, arXiv:2402.14740): r_i − mean_{j≠i} r_j.
 

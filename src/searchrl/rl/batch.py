@@ -36,6 +36,7 @@ class RolloutBatch:
     old_logp: Tensor | None = None  # [B, T] current policy before the update, recomputed
     ref_logp: Tensor | None = None  # [B, T] frozen reference model
     advantages: Tensor | None = None  # [B, T]
+    entropy: Tensor | None = None  # [B, T] policy entropy at each token (logged only)
 
     def __len__(self) -> int:
         return self.labels.shape[0]
@@ -62,7 +63,7 @@ class RolloutBatch:
 
 
 _SEQ_FIELDS = ("input_ids", "attention_mask", "position_ids")  # [B, P + T]
-_TOKEN_FIELDS = ("labels", "mask", "sample_logp", "old_logp", "ref_logp", "advantages")  # [B, T]
+_TOKEN_FIELDS = ("labels", "mask", "sample_logp", "old_logp", "ref_logp", "advantages", "entropy")  # [B, T]
 
 
 def make_batch(

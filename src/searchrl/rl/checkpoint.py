@@ -13,6 +13,7 @@ import random
 import re
 import shutil
 import tempfile
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,29 @@ from searchrl.errors import SearchRLError
 STATE_FILE = "trainer_state.pt"
 LATEST = "latest"
 _NAME = re.compile(r"^step_(\d+)$")
+
+
+@dataclass
+class TrainerState:
+    """Where a run stands at a checkpoint: everything `--resume` reads, nothing more."""
+
+    plan: list[int]  # the stages this run trains, in order
+    stage: int  # the stage the checkpoint belongs to
+    stage_step: int  # steps of that stage done
+    step: int  # steps of the run done
+    data_position: int  # prompts the stage's sampler has drawn
+    metrics_lines: int  # records of metrics.jsonl up to this step
+    stage_ends: dict[int, str]  # stage -> the checkpoint that ended it (the next stage starts there)
+    lora: bool  # the weights are saved as a LoRA adapter
+    optimizer: dict  # the optimizer's state_dict
+    rng: dict  # `rng_state()`
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}  # no deep copy of the tensors
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrainerState:
+        return cls(**{f.name: data[f.name] for f in fields(cls)})
 
 
 def checkpoint_name(step: int) -> str:
@@ -45,7 +69,7 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict) -> Path:
+def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: TrainerState) -> Path:
     """Write `checkpoints/step_XXXX` atomically, then point `checkpoints/latest` at it."""
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
@@ -54,7 +78,7 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict) -> 
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        torch.save(state, tmp / STATE_FILE)  # last: its presence marks the folder complete
+        torch.save(state.to_dict(), tmp / STATE_FILE)  # last: its presence marks the folder complete
         tmp.chmod(0o755)
         final = root / name
         if final.exists():  # the same step saved again after a resume: replace it
@@ -93,10 +117,10 @@ def clean_temp(run_dir: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def load_state(ckpt: Path) -> dict:
+def load_state(ckpt: Path) -> TrainerState:
     # Our own file with numpy RNG arrays and optimizer tensors: weights_only would refuse it.
     try:
-        return torch.load(Path(ckpt) / STATE_FILE, map_location="cpu", weights_only=False)
+        return TrainerState.from_dict(torch.load(Path(ckpt) / STATE_FILE, map_location="cpu", weights_only=False))
     except Exception as exc:  # noqa: BLE001  (unpickling fails in many ways; all mean 'unreadable')
         raise SearchRLError(f"cannot read {Path(ckpt) / STATE_FILE} ({exc}); delete that checkpoint folder to resume from an older one") from None
 

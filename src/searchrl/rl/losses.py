@@ -18,6 +18,7 @@ by the mask: padding may hold -inf log-probs, and `0 * inf` is NaN in the value 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -44,42 +45,78 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     return masked_sum(x, mask, dim) / count.clamp(min=1).to(x.dtype)
 
 
-def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-6) -> Tensor:  # [B, T] -> [B, T]
-    """(x − mean) / (std + eps) with token-weighted mean and biased std over mask == 1.
+def masked_moments(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:  # [B, T] -> (), ()
+    """(mean, biased variance) of `x` over mask == 1, every policy token counted once.
+
+    The default statistics of `masked_whiten`; a multi-process trainer passes a function of the
+    same signature that all-reduces the sums and counts, so every process whitens alike.
+    """
+    mean = masked_mean(x, mask)
+    return mean, masked_mean((x - mean) ** 2, mask)
+
+
+Moments = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # (x [B, T], mask [B, T]) -> (mean, var)
+
+
+def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-6, moments: Moments = masked_moments) -> Tensor:  # [B, T] -> [B, T]
+    """(x − mean) / (std + eps) with the token-weighted mean and biased std of `moments`.
 
     As OpenRLHF whitens Reinforce++ advantages: every policy token counts once, so a long
     rollout weighs more than a short one. Masked positions come out 0; an empty mask gives
     all zeros; a constant `x` gives zeros (std = 0, the eps keeps it finite).
     """
-    mean = masked_mean(x, mask)
-    var = masked_mean((x - mean) ** 2, mask)
+    mean, var = moments(x, mask)
     return _keep((x - mean) / (var.sqrt() + eps), mask)
 
 
 # --- aggregation of token losses ---------------------------------------------------------
 
-Aggregation = Callable[[Tensor, Tensor], Tensor]  # (loss [B, T], mask [B, T]) -> scalar
+# Every aggregation divides by an explicit count of its units (policy tokens, or rollouts with a
+# policy token): a micro-batch passes its mini-batch's count, several processes the global count,
+# so the gradients summed over micro-batches and processes are those of the whole mini-batch.
+Aggregation = Callable[[Tensor, Tensor, "float | None"], Tensor]  # (loss [B, T], mask [B, T], units) -> scalar
 LOSS_AGGREGATIONS: Registry[Aggregation] = Registry("loss aggregation")
 
 
 @LOSS_AGGREGATIONS.register("token-mean")
-def token_mean(loss: Tensor, mask: Tensor) -> Tensor:
-    """Mean over all policy tokens of the batch (R1-Searcher/OpenRLHF; DAPO's choice too)."""
-    return masked_mean(loss, mask)
+def token_mean(loss: Tensor, mask: Tensor, units: float | None = None) -> Tensor:
+    """Sum over policy tokens / `units` (default: this batch's policy tokens): the mean over all
+    policy tokens of the mini-batch (R1-Searcher/OpenRLHF; DAPO's choice too)."""
+    if units is None:
+        return masked_mean(loss, mask)
+    return masked_sum(loss, mask) / units
 
 
 @LOSS_AGGREGATIONS.register("seq-mean-token-mean")
-def seq_mean_token_mean(loss: Tensor, mask: Tensor) -> Tensor:
-    """Mean over rollouts of each rollout's mean over its policy tokens (the GRPO paper's form).
+def seq_mean_token_mean(loss: Tensor, mask: Tensor, units: float | None = None) -> Tensor:
+    """Sum over rollouts of each rollout's mean over its policy tokens / `units` (default: this
+    batch's rollouts with a policy token): the GRPO paper's form.
 
     Rollouts without a policy token are left out of the outer mean instead of counting as 0.
     """
     per_seq = masked_mean(loss, mask, dim=-1)  # [B]
     has_tokens = mask.bool().any(dim=-1)  # [B]
-    return masked_mean(per_seq, has_tokens)
+    if units is None:
+        return masked_mean(per_seq, has_tokens)
+    return masked_sum(per_seq, has_tokens) / units
+
+
+def loss_units(mask: Tensor, agg: str) -> int:
+    """What aggregation `agg` averages over in `mask` [B, T]: policy tokens (token-mean) or
+    rollouts with at least one (seq-mean-token-mean)."""
+    return int(mask.sum()) if agg == "token-mean" else int(mask.bool().any(dim=-1).sum())
 
 
 # --- policy loss ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PolicyLossStats:
+    """Means over the policy tokens of one `policy_loss` call (nothing here has a gradient)."""
+
+    clip_frac: float  # share of tokens whose clipped branch won (they get no gradient)
+    approx_kl: float  # k3 estimate of KL(old ‖ new)
+    ratio_mean: float
 
 
 def policy_loss(
@@ -90,15 +127,16 @@ def policy_loss(
     clip_eps: float = 0.2,
     clip_eps_high: float | None = None,
     agg: str = "token-mean",
-) -> tuple[Tensor, dict[str, Tensor]]:
+    units: float | None = None,
+) -> tuple[Tensor, PolicyLossStats]:
     """PPO clipped surrogate (Schulman et al. 2017, eq. 7) as a loss to minimise.
 
     ratio = exp(logp − old_logp); pg_loss1 = −A·ratio; pg_loss2 = −A·clip(ratio, 1 − ε, 1 + ε_high);
     the token loss is max(pg_loss1, pg_loss2), aggregated over policy tokens by `agg` (a name in
-    `LOSS_AGGREGATIONS`). `clip_eps_high` (DAPO's clip-higher, arXiv:2503.14476) defaults to
+    `LOSS_AGGREGATIONS`) with `units` as its denominator (default: this batch's). `clip_eps_high` (DAPO's clip-higher, arXiv:2503.14476) defaults to
     `clip_eps`. R1-Searcher uses ε = 0.2.
 
-    Returns the scalar loss and detached stats over policy tokens:
+    Returns the scalar loss and detached means over this batch's policy tokens:
     `clip_frac` (share of tokens whose clipped branch won, so they get no gradient),
     `approx_kl` (k3 estimate of KL(old ‖ new): (ratio − 1) − log ratio, as in CleanRL),
     `ratio_mean`.
@@ -112,13 +150,13 @@ def policy_loss(
     pg_loss1 = -advantages * ratio
     pg_loss2 = -advantages * torch.clamp(ratio, 1.0 - clip_eps, 1.0 + high)
     pg_loss = torch.maximum(pg_loss1, pg_loss2)  # [B, T]
-    loss = aggregate(pg_loss, mask)
+    loss = aggregate(pg_loss, mask, units)
     with torch.no_grad():
-        stats = {
-            "clip_frac": masked_mean((pg_loss2 > pg_loss1).to(logp.dtype), mask),
-            "approx_kl": masked_mean((ratio - 1.0) - log_ratio, mask),
-            "ratio_mean": masked_mean(ratio, mask),
-        }
+        stats = PolicyLossStats(
+            clip_frac=float(masked_mean((pg_loss2 > pg_loss1).to(logp.dtype), mask)),
+            approx_kl=float(masked_mean((ratio - 1.0) - log_ratio, mask)),
+            ratio_mean=float(masked_mean(ratio, mask)),
+        )
     return loss, stats
 
 
@@ -163,13 +201,15 @@ def kl_loss(
     mask: Tensor,  # [B, T]
     kind: str = "k3",
     agg: str = "token-mean",
+    units: float | None = None,
 ) -> Tensor:
-    """KL to the reference as a loss term: `kl_penalty` aggregated over policy tokens (scalar).
+    """KL to the reference as a loss term: `kl_penalty` aggregated over policy tokens (scalar),
+    `units` as in `policy_loss`.
 
     The loss is added as `kl_coef · kl_loss` (GRPO, arXiv:2402.03300 eq. 3, uses k3).
     """
     kl = kl_penalty(_keep(logp, mask), _keep(ref_logp, mask), kind)  # 0 at masked tokens
-    return LOSS_AGGREGATIONS.get(agg)(kl, mask)
+    return LOSS_AGGREGATIONS.get(agg)(kl, mask, units)
 
 
 # --- entropy and log-probs from logits -----------------------------------------------------

@@ -74,20 +74,49 @@ def load_policy(cfg: TrainConfig, checkpoint: Path | None = None, lora_resume: b
     return model, tokenizer
 
 
-def make_reference(cfg: TrainConfig, stage_start: Path | None):
-    """The frozen reference of a stage, in the compute dtype: None when kl_coef == 0,
-    "adapter-off" with LoRA (the base is the reference), else the weights the stage started from,
-    read from disk (`cfg.model`, or the checkpoint that ended the previous stage), which is exact
-    and never holds two float32 copies at once."""
+class FrozenReference:
+    """The reference as its own frozen copy of the weights the stage started from."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+
+    def logprobs(self, batch, micro_batch_size: int, temperature: float):  # -> [B, T]
+        from searchrl.rl.logprobs import batched_logprobs
+
+        return batched_logprobs(self.model, batch, micro_batch_size, temperature)[0]
+
+
+class AdapterOffReference:
+    """With LoRA the reference is the policy's own base: the adapters switched off for the pass,
+    so no second copy of the weights is held."""
+
+    def __init__(self, peft_model) -> None:
+        self.model = peft_model
+
+    def logprobs(self, batch, micro_batch_size: int, temperature: float):  # -> [B, T]
+        from searchrl.rl.logprobs import batched_logprobs
+
+        with self.model.disable_adapter():
+            return batched_logprobs(self.model, batch, micro_batch_size, temperature)[0]
+
+
+Reference = FrozenReference | AdapterOffReference
+
+
+def make_reference(cfg: TrainConfig, policy, stage_start: Path | None) -> Reference | None:
+    """The frozen reference of a stage, in the compute dtype: None when kl_coef == 0, the policy
+    with its adapters off under LoRA, else the weights the stage started from, read from disk
+    (`cfg.model`, or the checkpoint that ended the previous stage), which is exact and never
+    holds two float32 copies at once."""
     if cfg.algorithm.kl_coef == 0:
         return None
     if cfg.algorithm.lora.enabled:
-        return "adapter-off"
+        return AdapterOffReference(policy)
     from searchrl.assets import load_model
 
     ref, _ = load_model(str(stage_start) if stage_start is not None else cfg.model, device=cfg.device, dtype=compute_dtype(cfg))
     ref.requires_grad_(False)
-    return ref.eval()
+    return FrozenReference(ref.eval())
 
 
 def set_update_mode(model, gradient_checkpointing: bool) -> None:

@@ -126,6 +126,16 @@ class GenerationBackend(ABC):
     def close(self) -> None:
         """Free everything (the model stays with its owner)."""
 
+    # -- training hooks: no-ops for a backend that runs the trained model object itself ----------
+    def sync_weights(self, model) -> None:
+        """Make the next `generate` sample from `model`'s current weights."""
+
+    def sleep(self) -> None:
+        """Free what generation holds (KV cache) while the trainer updates the weights."""
+
+    def wake(self) -> None:
+        """Take back what `sleep` freed, before the next `generate`."""
+
     @classmethod
     def from_model_name(cls, name: str, **kwargs) -> GenerationBackend:
         """Build the backend for a model name or path (see `searchrl.assets.load_model`)."""

