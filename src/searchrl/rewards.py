@@ -30,7 +30,7 @@ import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from searchrl.config import StrictModel
 from searchrl.metrics import ANSWER_METRICS
@@ -215,40 +215,42 @@ def check_format(
 # Stage rewards
 
 
+# The paper's magnitudes per stage (SPEC §3): a stage is a preset of the same fields, so any
+# stage can be given any reward (the authors' code keeps the answer reward in Stage 1, say).
+REWARD_STAGES: Registry[dict[str, float]] = Registry("reward stage")
+REWARD_STAGES.register("stage1")({"retrieve_weight": 1.0, "format_ok": 1.0, "format_bad": -1.0, "answer_weight": 0.0})
+REWARD_STAGES.register("stage2")({"retrieve_weight": 0.0, "format_ok": 0.0, "format_bad": -2.0, "answer_weight": 1.0})
+
+
 class RewardConfig(StrictModel):
-    """Reward magnitudes. Defaults are the paper's table (SPEC §3); the authors' code differs in
-    places (e.g. Stage 1 adds +0.5 for retrieval only when the format is right), so each is here."""
+    """Reward = retrieve_weight · R_retrieve + R_format + answer_weight · R_answer. `stage` names the
+    preset that fills every magnitude not set (defaults: the paper's table, SPEC §3); the authors'
+    code differs in places (e.g. Stage 1 adds +0.5 for retrieval only when the format is right),
+    so each is here."""
 
     stage: str = "stage2"
-    """Reward stage: `stage1` (R_retrieve + R_format: learn to call search) or `stage2`
-    (R_answer + R_format: learn to use the results). `1` and `2` are accepted too. Single-stage
-    runs (the skip-Stage-1 ablation) use stage2, hence the default."""
+    """Preset: `stage1` (R_retrieve + R_format: learn to call search) or `stage2` (R_answer +
+    R_format: learn to use the results). `1` and `2` are accepted too. Single-stage runs (the
+    skip-Stage-1 ablation) use stage2, hence the default."""
+    retrieve_weight: float
+    """Weight of R_retrieve (stage1: 1, stage2: 0). Kept in Stage 2 it stops a model that can guess
+    some answers without searching (a 135M one picking between the two names of a comparison)
+    from unlearning search: search fell from 1.0 to 0.0 within 20 steps of our long CPU run at 0."""
+    retrieve_hit: float = 1.0
+    """R_retrieve when the rollout searched at least once (paper: +1; authors' code: +0.5)."""
+    retrieve_miss: float = -1.0
+    """R_retrieve when it never searched (paper: -1; authors' code: 0)."""
+    retrieve_requires_format: bool = False
+    """Pay retrieve_hit only when the format check passes too (the authors' code does)."""
+    format_ok: float
+    """R_format for a correct format (stage1: +1; stage2: 0, so the answer is the main signal)."""
+    format_bad: float
+    """R_format for a violation (stage1: -1; stage2: -2, a strong penalty against format collapse)."""
+    answer_weight: float
+    """Weight of R_answer (stage1: 0; stage2: 1; the authors' code keeps 1 in Stage 1 too)."""
     answer_metric: str = "f1"
     """R_answer metric: `f1` (paper default; avg CEM 60.6 in its Table 5), `cem` (59.5; invites
     long answers), `em` (39.7; sparse signal), or `cem_substr` (substring cover)."""
-    retrieve_hit: float = 1.0
-    """Stage-1 R_retrieve when the rollout searched at least once (paper: +1; authors' code: +0.5)."""
-    retrieve_miss: float = -1.0
-    """Stage-1 R_retrieve when it never searched (paper: -1; authors' code: 0)."""
-    retrieve_requires_format: bool = False
-    """Pay retrieve_hit only when the format check passes too (the authors' code does)."""
-    format_ok_stage1: float = 1.0
-    """Stage-1 R_format for a correct format (paper: +1)."""
-    format_bad_stage1: float = -1.0
-    """Stage-1 R_format for a format violation (paper: -1)."""
-    stage1_answer_weight: float = 0.0
-    """Weight of the answer metric added in Stage 1 (paper: 0; the authors' code keeps the answer
-    reward in Stage 1, i.e. 1.0)."""
-    format_ok_stage2: float = 0.0
-    """Stage-2 R_format for a correct format (paper: 0, so the answer is the main signal)."""
-    format_bad_stage2: float = -2.0
-    """Stage-2 R_format for a violation (paper: -2, a strong penalty against format collapse)."""
-    answer_weight: float = 1.0
-    """Weight of R_answer in Stage 2 (paper: 1)."""
-    stage2_retrieve_weight: float = 0.0
-    """Weight of R_retrieve added in Stage 2 (paper: 0). A model that can guess some answers
-    without searching (a 135M one picking between the two names of a comparison) unlearns search
-    in Stage 2 without it: search fell from 1.0 to 0.0 within 20 steps in our long CPU run."""
     answer_requires_format: bool = False
     """Zero R_answer when the format check fails (stops a malformed rollout from earning credit)."""
     max_answer_words: int | None = Field(default=None, ge=1)
@@ -258,12 +260,14 @@ class RewardConfig(StrictModel):
     """Format rule `think`: the reasoning sits in one think block closed right before the answer
     (paper). False drops that rule, for models too small to close `</think>` (the CPU demo)."""
 
-    @field_validator("stage", mode="before")
+    @model_validator(mode="before")
     @classmethod
-    def _stage_name(cls, v):
-        name = f"stage{v}" if isinstance(v, int) or str(v).isdigit() else str(v)
-        REWARD_STAGES.get(name)
-        return name
+    def _preset(cls, data):
+        if not isinstance(data, dict):
+            return data
+        stage = data.get("stage", "stage2")
+        name = f"stage{stage}" if isinstance(stage, int) or str(stage).isdigit() else str(stage)
+        return {**REWARD_STAGES.get(name), **data, "stage": name}
 
     @field_validator("answer_metric")
     @classmethod
@@ -288,40 +292,18 @@ class RewardBreakdown:
         return asdict(self)
 
 
-# (format_ok, n_searches, answer_score, cfg) -> (R_retrieve, R_format, R_answer)
-StageReward = Callable[[bool, int, float, RewardConfig], tuple[float, float, float]]
-REWARD_STAGES: Registry[StageReward] = Registry("reward stage")
+def stage_reward(format_ok: bool, n_searches: int, answer_score: float, cfg: RewardConfig) -> tuple[float, float, float]:
+    """(weighted R_retrieve, R_format, weighted R_answer) of one rollout.
 
-
-@REWARD_STAGES.register("stage1")
-def stage1_reward(
-    format_ok: bool, n_searches: int, answer_score: float, cfg: RewardConfig
-) -> tuple[float, float, float]:
-    """Stage 1: learn to call search.
-
-    >>> stage1_reward(True, 2, 0.0, RewardConfig(stage=1)), stage1_reward(False, 0, 1.0, RewardConfig(stage=1))
+    >>> stage_reward(True, 2, 0.0, RewardConfig(stage=1)), stage_reward(False, 0, 1.0, RewardConfig(stage=1))
     ((1.0, 1.0, 0.0), (-1.0, -1.0, 0.0))
-    """
-    searched = n_searches >= 1 and (format_ok or not cfg.retrieve_requires_format)
-    retrieve = cfg.retrieve_hit if searched else cfg.retrieve_miss
-    fmt = cfg.format_ok_stage1 if format_ok else cfg.format_bad_stage1
-    return retrieve, fmt, cfg.stage1_answer_weight * answer_score
-
-
-@REWARD_STAGES.register("stage2")
-def stage2_reward(
-    format_ok: bool, n_searches: int, answer_score: float, cfg: RewardConfig
-) -> tuple[float, float, float]:
-    """Stage 2: learn to use the results.
-
-    >>> stage2_reward(True, 1, 0.5, RewardConfig()), stage2_reward(False, 1, 0.5, RewardConfig())
+    >>> stage_reward(True, 1, 0.5, RewardConfig()), stage_reward(False, 1, 0.5, RewardConfig())
     ((0.0, 0.0, 0.5), (0.0, -2.0, 0.5))
     """
-    fmt = cfg.format_ok_stage2 if format_ok else cfg.format_bad_stage2
-    answer = (
-        cfg.answer_weight * answer_score if (format_ok or not cfg.answer_requires_format) else 0.0
-    )
-    retrieve = cfg.stage2_retrieve_weight * (cfg.retrieve_hit if n_searches >= 1 else cfg.retrieve_miss)
+    searched = n_searches >= 1 and (format_ok or not cfg.retrieve_requires_format)
+    retrieve = cfg.retrieve_weight * (cfg.retrieve_hit if searched else cfg.retrieve_miss)
+    fmt = cfg.format_ok if format_ok else cfg.format_bad
+    answer = cfg.answer_weight * answer_score if (format_ok or not cfg.answer_requires_format) else 0.0
     return retrieve, fmt, answer
 
 
@@ -333,7 +315,7 @@ def compute_reward(
     *,
     think_opened_in_prompt: bool = True,
 ) -> RewardBreakdown:
-    """The reward of one trajectory under `cfg.stage`.
+    """The reward of one trajectory under `cfg`.
 
     The answer is `traj.answer` as the engine recorded it, else the last answer block of the
     policy's text.
@@ -360,7 +342,7 @@ def compute_reward(
         else extract_answer(policy_view(traj.segments, tags), tags)
     )
     score = ANSWER_METRICS.get(cfg.answer_metric)(prediction, golds)
-    retrieve, fmt, answer = REWARD_STAGES.get(cfg.stage)(verdict.ok, traj.n_searches, score, cfg)
+    retrieve, fmt, answer = stage_reward(verdict.ok, traj.n_searches, score, cfg)
     return RewardBreakdown(
         total=retrieve + fmt + answer,
         retrieve=retrieve,

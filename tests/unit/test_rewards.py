@@ -236,15 +236,15 @@ def test_every_magnitude_is_configuration():
         retrieve_hit=0.5,
         retrieve_miss=0.0,
         retrieve_requires_format=True,
-        format_ok_stage1=0.0,
-        format_bad_stage1=-1.0,
-        stage1_answer_weight=1.0,
+        format_ok=0.0,
+        format_bad=-1.0,
+        answer_weight=1.0,
     )
     assert compute_reward(traj(GOOD), ["Tessaly"], authors).total == 1.5
     searched_bad = traj([P(f"{QO}q{QC}"), E(), P("so<answer>Tessaly</answer>")])  # no </think>
     r = compute_reward(searched_bad, ["Tessaly"], authors)
     assert (r.retrieve, r.format, r.answer, r.total) == (0.0, -1.0, 1.0, 0.0)
-    scaled = RewardConfig(format_ok_stage2=0.25, format_bad_stage2=-3.0, answer_weight=2.0)
+    scaled = RewardConfig(format_ok=0.25, format_bad=-3.0, answer_weight=2.0)
     assert compute_reward(traj(GOOD), ["Tessaly"], scaled).total == 2.25
     capped = RewardConfig(max_answer_words=1)
     long_answer = traj([*GOOD[:2], P("so</think><answer>the Tessaly river</answer>")])
@@ -460,10 +460,20 @@ def test_format_check_command_reads_all_three_record_shapes(tmp_path, capsys):
         format_check_command(path, "r1searcher", None, True, as_json=True)
 
 
-def test_stage2_retrieve_weight_keeps_search_worth_its_cost():
+def test_retrieve_weight_in_stage2_keeps_search_worth_its_cost():
     searched, guessed = traj(GOOD), traj([P(" I know it.</think><answer>Tessaly</answer>")])
     paper = RewardConfig(stage=2)
     assert compute_reward(searched, ["Tessaly"], paper, T).total == compute_reward(guessed, ["Tessaly"], paper, T).total == 1.0
-    kept = RewardConfig(stage=2, stage2_retrieve_weight=0.5)
+    kept = RewardConfig(stage=2, retrieve_weight=0.5)
     a, b = compute_reward(searched, ["Tessaly"], kept, T), compute_reward(guessed, ["Tessaly"], kept, T)
     assert (a.retrieve, a.total, b.retrieve, b.total) == (0.5, 1.5, -0.5, 0.5)
+
+
+def test_a_stage_is_a_preset_of_the_same_fields():
+    one, two = RewardConfig(stage=1), RewardConfig(stage="stage2")
+    assert (one.retrieve_weight, one.format_ok, one.format_bad, one.answer_weight) == (1.0, 1.0, -1.0, 0.0)
+    assert (two.retrieve_weight, two.format_ok, two.format_bad, two.answer_weight) == (0.0, 0.0, -2.0, 1.0)
+    mixed = RewardConfig(stage=1, answer_weight=1.0)  # set fields win over the preset
+    assert (mixed.retrieve_weight, mixed.answer_weight) == (1.0, 1.0)
+    # A resumed run reads its config.yaml back: the dumped fields reproduce the config exactly.
+    assert RewardConfig.model_validate(mixed.model_dump()) == mixed

@@ -362,7 +362,7 @@ def test_stage_questions_narrow_to_the_configured_types(tmp_path):
 def test_a_config_extends_another_and_overrides_only_what_it_sets(tmp_path):
     long = load_config(TrainConfig, CONFIGS / "toyworld-cpu-long.yaml")
     demo = load_config(TrainConfig, CONFIGS / "demo-cpu.yaml")
-    assert long.stage2.reward.stage2_retrieve_weight == 0.5 and demo.stage2.reward.stage2_retrieve_weight == 0.0
+    assert long.stage2.reward.retrieve_weight == 0.5 and demo.stage2.reward.retrieve_weight == 0.0
     assert long.stage2.reward.require_think is False  # merged into the base's reward mapping, not replacing it
     assert (long.stage2.steps, long.algorithm.lr_schedule) == (24, "cosine")
     assert long.protocol == demo.protocol and long.stage1 == demo.stage1 and long.rollout == demo.rollout
