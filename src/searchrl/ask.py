@@ -16,10 +16,10 @@ import json
 import time
 from collections.abc import Callable, Sequence
 
+from searchrl.data.trajectory import Trajectory
 from searchrl.data.types import Passage, Question
 from searchrl.retrieval.base import Retriever
 from searchrl.rollout.backend import Continuation, GenerationBackend, SamplingParams
-from searchrl.rollout.trajectory import Trajectory
 
 
 class StreamingBackend(GenerationBackend):

@@ -16,9 +16,9 @@ from functools import cached_property
 from pydantic import field_validator
 
 from searchrl.config import StrictModel
+from searchrl.data.trajectory import Segment
 from searchrl.data.types import Passage
 from searchrl.registry import Registry
-from searchrl.rollout.trajectory import Segment
 
 
 @dataclass(frozen=True)

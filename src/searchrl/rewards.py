@@ -33,10 +33,10 @@ from dataclasses import asdict, dataclass, field
 from pydantic import Field, field_validator
 
 from searchrl.config import StrictModel
+from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.metrics import ANSWER_METRICS
 from searchrl.protocol import DEFAULT_TAGS, TagSet, extract_answer
 from searchrl.registry import Registry
-from searchrl.rollout.trajectory import Segment, Trajectory
 
 FORMAT_RULES = (
     "think",

@@ -7,10 +7,10 @@ import pytest
 
 from searchrl.assets import load_model
 from searchrl.data.catalog import load_dataset, open_named_index
+from searchrl.data.trajectory import STOP_REASONS
 from searchrl.protocol import Protocol
 from searchrl.rollout.engine import RolloutConfig, RolloutEngine
 from searchrl.rollout.hf_backend import HFBackend
-from searchrl.rollout.trajectory import STOP_REASONS
 
 
 def env_runs(traj) -> list[list[int]]:

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.errors import SearchRLError
 from searchrl.protocol import R1SEARCHER_TAGS, SEARCH_R1_TAGS, TagSet
 from searchrl.rewards import (
@@ -22,7 +23,6 @@ from searchrl.rewards import (
     check_segments,
     compute_reward,
 )
-from searchrl.rollout.trajectory import Segment, Trajectory
 
 T = R1SEARCHER_TAGS
 QO, QC, DO, DC = T.query_open, T.query_close, T.docs_open, T.docs_close

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from searchrl.cli import app
 from searchrl.config import load_config
+from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.data.types import Passage, Question
 from searchrl.errors import SearchRLError
 from searchrl.protocol import Protocol
@@ -25,7 +26,6 @@ from searchrl.rl.config import TrainConfig
 from searchrl.rl.logging import read_metrics
 from searchrl.rl.policy import load_policy
 from searchrl.rl.sampler import PromptSampler
-from searchrl.rollout.trajectory import Segment, Trajectory
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

@@ -35,12 +35,12 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from searchrl.config import StrictModel, dump_config
+from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.data.types import Passage, Question
 from searchrl.errors import SearchRLError
 from searchrl.eval.answer_prompts import answer_prompt
 from searchrl.protocol import Protocol, ProtocolConfig, TagSet
 from searchrl.retrieval.base import Retriever
-from searchrl.rollout.trajectory import Segment, Trajectory
 
 METHODS = ("agent", "rag", "direct")
 

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from searchrl.config import dump_config
+from searchrl.data.trajectory import STOP_REASONS
 from searchrl.data.types import Question
 from searchrl.errors import SearchRLError
 from searchrl.metrics import ANSWER_METRICS
@@ -48,7 +49,6 @@ from searchrl.rl.logprobs import batched_logprobs, micro_logprobs
 from searchrl.rl.losses import kl_loss, kl_penalty, masked_mean, policy_loss
 from searchrl.rl.policy import autocast, load_policy, make_reference, set_update_mode
 from searchrl.rl.sampler import PromptSampler
-from searchrl.rollout.trajectory import STOP_REASONS
 
 # Keys of a step record that measure time, not learning (they differ between identical runs).
 TIMING_KEYS = ("step_seconds", "rollout_seconds", "logprob_seconds", "update_seconds", "tokens_per_s")

@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from pydantic import Field
 
 from searchrl.config import StrictModel
+from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.data.types import Question
 from searchrl.protocol import Protocol, TagSet, get_tags
 from searchrl.retrieval.base import Retriever
 from searchrl.rollout.backend import GenerationBackend, SamplingParams
-from searchrl.rollout.trajectory import Segment, Trajectory
 
 log = logging.getLogger(__name__)
 
