@@ -35,8 +35,8 @@ from pydantic import Field, field_validator
 from searchrl.config import StrictModel
 from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.metrics import ANSWER_METRICS
-from searchrl.protocol import DEFAULT_TAGS, TagSet, extract_answer
 from searchrl.registry import Registry
+from searchrl.tags import DEFAULT_TAGS, TagSet, extract_answer
 
 FORMAT_RULES = (
     "think",

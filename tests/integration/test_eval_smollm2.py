@@ -17,7 +17,7 @@ from searchrl.assets import load_tokenizer
 from searchrl.cli import app
 from searchrl.data.catalog import open_named_index
 from searchrl.eval.score import score_file
-from searchrl.protocol import SEARCH_R1_TAGS, format_documents
+from searchrl.tags import SEARCH_R1_TAGS, format_documents
 
 pytestmark = pytest.mark.integration
 

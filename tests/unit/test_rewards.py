@@ -14,7 +14,6 @@ from pydantic import ValidationError
 
 from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.errors import SearchRLError
-from searchrl.protocol import R1SEARCHER_TAGS, SEARCH_R1_TAGS, TagSet
 from searchrl.rewards import (
     FORMAT_RULES,
     REWARD_STAGES,
@@ -23,6 +22,7 @@ from searchrl.rewards import (
     check_segments,
     compute_reward,
 )
+from searchrl.tags import R1SEARCHER_TAGS, SEARCH_R1_TAGS, TagSet
 
 T = R1SEARCHER_TAGS
 QO, QC, DO, DC = T.query_open, T.query_close, T.docs_open, T.docs_close

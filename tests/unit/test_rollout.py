@@ -10,13 +10,14 @@ import torch
 
 from searchrl.assets import load_model, load_tokenizer
 from searchrl.data.types import Passage, Question
-from searchrl.protocol import SEARCH_R1_TAGS, Protocol, format_documents
+from searchrl.protocol import Protocol
 from searchrl.retrieval.base import Retriever
 from searchrl.rollout import kv_groups
 from searchrl.rollout.backend import BACKENDS, SamplingParams
 from searchrl.rollout.engine import RolloutConfig, RolloutEngine
 from searchrl.rollout.hf_backend import HFBackend, plan_buckets, sample_tokens
 from searchrl.rollout.scripted import ScriptedBackend
+from searchrl.tags import SEARCH_R1_TAGS, format_documents
 
 PASSAGES = [
     Passage("p1", "Quellbridge", "Quellbridge is a market town on the river Tessaly."),

@@ -39,8 +39,9 @@ from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.data.types import Passage, Question
 from searchrl.errors import SearchRLError
 from searchrl.eval.answer_prompts import answer_prompt
-from searchrl.protocol import Protocol, ProtocolConfig, TagSet
+from searchrl.protocol import Protocol, ProtocolConfig
 from searchrl.retrieval.base import Retriever
+from searchrl.tags import TagSet
 
 METHODS = ("agent", "rag", "direct")
 

@@ -30,9 +30,10 @@ from pydantic import Field
 from searchrl.config import StrictModel
 from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.data.types import Question
-from searchrl.protocol import Protocol, TagSet, get_tags
+from searchrl.protocol import Protocol
 from searchrl.retrieval.base import Retriever
 from searchrl.rollout.backend import GenerationBackend, SamplingParams
+from searchrl.tags import TagSet, get_tags
 
 log = logging.getLogger(__name__)
 
