@@ -15,7 +15,6 @@ from searchrl.config import StrictModel
 from searchrl.data.types import Passage
 from searchrl.prompts import build_prompt, resolve_template, template_opens_think, template_turn_end
 from searchrl.tags import (
-    DEFAULT_TAGS,
     DOC_STYLES,
     TAG_PRESETS,
     TagSet,
@@ -70,7 +69,7 @@ class Protocol:
     ['</search>', '</answer>', '\\nUser:']
     """
 
-    tags: TagSet = DEFAULT_TAGS
+    tags: TagSet
     template: str = "base"
     doc_style: str = "r1searcher"
 
@@ -79,9 +78,7 @@ class Protocol:
         return cls(get_tags(cfg.tags), cfg.template, cfg.doc_style)
 
     @classmethod
-    def named(
-        cls, tags: str = "r1searcher", template: str = "base", doc_style: str = "r1searcher"
-    ) -> Protocol:
+    def named(cls, tags: str, template: str = "base", doc_style: str = "r1searcher") -> Protocol:
         return cls.from_config(ProtocolConfig(tags=tags, template=template, doc_style=doc_style))
 
     def prompt(self, question: str, tokenizer=None) -> str:

@@ -49,7 +49,6 @@ R1SEARCHER_TAGS = TAG_PRESETS.register("r1searcher")(
 SEARCH_R1_TAGS = TAG_PRESETS.register("search-r1")(
     TagSet("<search>", "</search>", "<information>", "</information>")
 )
-DEFAULT_TAGS = R1SEARCHER_TAGS
 
 
 def get_tags(tags: str | TagSet) -> TagSet:
@@ -57,7 +56,7 @@ def get_tags(tags: str | TagSet) -> TagSet:
     return tags if isinstance(tags, TagSet) else TAG_PRESETS.get(tags)
 
 
-def stop_strings(tags: TagSet = DEFAULT_TAGS) -> list[str]:
+def stop_strings(tags: TagSet) -> list[str]:
     """Strings on which the engine pauses generation: end of a query (run a search) or of the
     answer (done). EOS and the length budget are the backend's business."""
     return [tags.query_close, tags.answer_close]
@@ -92,12 +91,10 @@ def _neutralize_tags(text: str, tags: TagSet) -> str:
     return text
 
 
-def format_documents(
-    passages: Sequence[Passage], tags: TagSet = DEFAULT_TAGS, style: str = "r1searcher"
-) -> str:
+def format_documents(passages: Sequence[Passage], tags: TagSet, style: str = "r1searcher") -> str:
     """The environment's documents block, inserted right after the end-of-query tag.
 
-    >>> print(format_documents([Passage("7", "Quellbridge", "A town on the Tessaly.")]), end="|")
+    >>> print(format_documents([Passage("7", "Quellbridge", "A town on the Tessaly.")], R1SEARCHER_TAGS), end="|")
     <BLANKLINE>
     <BLANKLINE>
     <|begin_of_documents|>
@@ -135,14 +132,14 @@ def clean_query(raw: str) -> str | None:
     return q or None
 
 
-def extract_query(text: str, tags: TagSet = DEFAULT_TAGS) -> str | None:
+def extract_query(text: str, tags: TagSet) -> str | None:
     """The query after the LAST begin-of-query tag (SPEC §2), cut at the end-of-query tag if present.
 
     None when there is no begin-of-query tag, the query is empty, or a stray end tag follows the
     last complete query (the generation stopped on an end tag that opens nothing new: searching
     the old query again would reward a stutter).
 
-    >>> extract_query("I should look. <|begin_of_query|> 'Quellbridge river'<|end_of_query|>")
+    >>> extract_query("I should look. <|begin_of_query|> 'Quellbridge river'<|end_of_query|>", R1SEARCHER_TAGS)
     'Quellbridge river'
     >>> extract_query("<search> a </search> then <search>b  c</search>", SEARCH_R1_TAGS)
     'b c'
@@ -159,7 +156,7 @@ def extract_query(text: str, tags: TagSet = DEFAULT_TAGS) -> str | None:
     return clean_query(rest[:end])
 
 
-def extract_queries(text: str, tags: TagSet = DEFAULT_TAGS) -> list[str]:
+def extract_queries(text: str, tags: TagSet) -> list[str]:
     """Every complete, non-empty query in order (unclosed or empty ones are skipped)."""
     pattern = re.escape(tags.query_open) + r"(.*?)" + re.escape(tags.query_close)
     found = (
@@ -175,12 +172,12 @@ def _after_last(text: str, tag: str) -> str:
     return text if i < 0 else text[i + len(tag) :]
 
 
-def extract_answer(text: str, tags: TagSet = DEFAULT_TAGS) -> str | None:
+def extract_answer(text: str, tags: TagSet) -> str | None:
     """The text of the LAST complete answer block, stripped; None when there is none.
 
-    >>> extract_answer("<think>x</think>\\n\\n <answer> Tessaly </answer>")
+    >>> extract_answer("<think>x</think>\\n\\n <answer> Tessaly </answer>", R1SEARCHER_TAGS)
     'Tessaly'
-    >>> extract_answer("<answer>unfinished") is None
+    >>> extract_answer("<answer>unfinished", R1SEARCHER_TAGS) is None
     True
     """
     end = text.rfind(tags.answer_close)
@@ -194,7 +191,7 @@ def extract_answer(text: str, tags: TagSet = DEFAULT_TAGS) -> str | None:
 
 def extract_reasoning(
     text: str,
-    tags: TagSet = DEFAULT_TAGS,
+    tags: TagSet,
     *,
     think_opened_in_prompt: bool = True,
     drop_documents: bool = False,
@@ -222,7 +219,7 @@ def extract_reasoning(
     return body.strip()
 
 
-def segments_from_text(text: str, tags: TagSet = DEFAULT_TAGS) -> list[Segment]:
+def segments_from_text(text: str, tags: TagSet) -> list[Segment]:
     """Rebuild provenance for a plain-text trajectory (e.g. the authors' released ones): every
     complete documents block, with the blank lines around it, is `env`; the rest is `policy`.
 

@@ -81,7 +81,7 @@ def prompts_for(questions):
 def run_scripted(tokenizer, policy=scripted_policy, questions=QUESTIONS, n=2, **cfg):
     backend = ScriptedBackend(tokenizer, policy)
     retriever = WordRetriever()
-    engine = RolloutEngine(backend, retriever, "search-r1", RolloutConfig(**cfg))
+    engine = RolloutEngine(backend, retriever, Protocol.named("search-r1"), RolloutConfig(**cfg))
     trajs = engine.run(questions, prompts_for(questions), n=n)
     return trajs, backend, retriever
 
@@ -405,7 +405,7 @@ def test_backend_registry_and_engine_on_hf(tiny):
     model, tok = tiny
     assert "hf" in BACKENDS and BACKENDS.get("hf") is HFBackend
     be = HFBackend(model, tok)
-    engine = RolloutEngine(be, WordRetriever(), "search-r1", RolloutConfig(max_new_tokens=6, seed=1))
+    engine = RolloutEngine(be, WordRetriever(), Protocol.named("search-r1"), RolloutConfig(max_new_tokens=6, seed=1))
     trajs = engine.run(QUESTIONS[:2], prompts_for(QUESTIONS[:2]), n=2)
     for t in trajs:
         assert len(t.token_ids) == len(t.loss_mask) == len(t.logprobs) <= 6

@@ -33,7 +33,6 @@ from searchrl.data.types import Question
 from searchrl.protocol import Protocol
 from searchrl.retrieval.base import Retriever
 from searchrl.rollout.backend import GenerationBackend, SamplingParams
-from searchrl.tags import TagSet, get_tags
 
 log = logging.getLogger(__name__)
 
@@ -101,13 +100,11 @@ class RolloutEngine:
         self,
         backend: GenerationBackend,
         retriever: Retriever,
-        protocol: Protocol | TagSet | str = "r1searcher",
+        protocol: Protocol,
         cfg: RolloutConfig | None = None,
     ) -> None:
         self.backend = backend
         self.retriever = retriever
-        if not isinstance(protocol, Protocol):
-            protocol = Protocol(tags=get_tags(protocol))
         self.protocol = protocol
         self.tags = protocol.tags
         self.cfg = cfg or RolloutConfig()
