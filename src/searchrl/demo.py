@@ -152,9 +152,9 @@ def run_demo(cfg: DemoConfig, overrides: Sequence[str] = ()) -> Path:
     from searchrl.retrieval.server import serve_in_background
     from searchrl.rl.checkpoint import latest_checkpoint
     from searchrl.rl.config import TrainConfig
-    from searchrl.rl.logging import read_metrics
     from searchrl.rl.trainer import train
     from searchrl.rollout.backend import make_backend
+    from searchrl.runlog import read_metrics
 
     started = time.perf_counter()
     out = Path(cfg.out)

@@ -23,9 +23,9 @@ from searchrl.rewards import FORMAT_RULES
 from searchrl.rl import logprobs, trainer
 from searchrl.rl.checkpoint import complete_checkpoints, latest_checkpoint
 from searchrl.rl.config import TrainConfig
-from searchrl.rl.logging import read_metrics
 from searchrl.rl.policy import load_policy
 from searchrl.rl.sampler import PromptSampler
+from searchrl.runlog import read_metrics
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

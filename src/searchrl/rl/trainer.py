@@ -44,11 +44,11 @@ from searchrl.rl import checkpoint as ckpt
 from searchrl.rl.advantages import compute_advantages
 from searchrl.rl.batch import RolloutBatch, group_chunks, group_order, make_batch
 from searchrl.rl.config import TrainConfig
-from searchrl.rl.logging import RunLogger, truncate_metrics
 from searchrl.rl.logprobs import batched_logprobs, micro_logprobs
 from searchrl.rl.losses import kl_loss, kl_penalty, masked_mean, policy_loss
 from searchrl.rl.policy import autocast, load_policy, make_reference, set_update_mode
 from searchrl.rl.sampler import PromptSampler
+from searchrl.runlog import RunLogger, truncate_metrics
 
 # Keys of a step record that measure time, not learning (they differ between identical runs).
 TIMING_KEYS = ("step_seconds", "rollout_seconds", "logprob_seconds", "update_seconds", "tokens_per_s")
