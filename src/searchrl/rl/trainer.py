@@ -317,7 +317,7 @@ def train(cfg: TrainConfig, resume: Path | None = None, stages: list[int] | None
     `resume`: a run directory; training continues after its newest complete checkpoint with the
     saved optimizer, RNG and data position, so the finished run equals an uninterrupted one.
     """
-    from searchrl.eval.run import open_retriever
+    from searchrl.retrieval import open_retriever
     from searchrl.rollout.engine import RolloutEngine
     from searchrl.rollout.hf_backend import HFBackend
 
@@ -339,7 +339,7 @@ def train(cfg: TrainConfig, resume: Path | None = None, stages: list[int] | None
     model, tokenizer = load_policy(cfg, state_dir, lora_resume=bool(state and state.get("lora")))
     if state is not None:
         ckpt.set_rng_state(state["rng"])
-    retriever = open_retriever(cfg.retrieval.index, cfg.retrieval.url, cfg.retrieval.api)
+    retriever = open_retriever(cfg.retrieval.url or cfg.retrieval.index, cfg.retrieval.api)
     protocol = Protocol.from_config(cfg.protocol)
     engine = RolloutEngine(HFBackend(model, tokenizer), retriever, protocol, cfg.rollout)
     logger = RunLogger(run_dir, cfg.logging.tensorboard, purge_step=state["step"] + 1 if state else None, echo=cfg.logging.progress)
