@@ -39,7 +39,7 @@ def takes_logits_to_keep(model) -> bool:
 
 def cache_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(keys, values) per layer of a cache, each [B, heads, L, head_dim]."""
-    # transformers >= 4.54 keeps them in `cache.layers`; older `key_cache` lists predate our floor.
+    # `cache.layers` from 4.56 (our floor) to 5.24; the older `key_cache` lists are below the floor.
     return [(layer.keys, layer.values) for layer in cache.layers]
 
 
@@ -47,7 +47,7 @@ def dynamic_cache(kv: list[tuple[torch.Tensor, torch.Tensor]]):
     """A `DynamicCache` holding `kv` (per layer, each [B, heads, L, head_dim])."""
     from transformers import DynamicCache
 
-    # `ddp_cache_data` fills the layers from 4.56 to 5.24; `from_legacy_cache` is gone since 5.0.
+    # `ddp_cache_data` fills the layers from 4.56 to 5.24; `from_legacy_cache` is gone in 5.x.
     return DynamicCache(ddp_cache_data=kv)
 
 
