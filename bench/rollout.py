@@ -32,8 +32,9 @@ import time
 import torch
 
 from searchrl.assets import load_model
-from searchrl.data.catalog import load_dataset, open_named_index
+from searchrl.data.catalog import load_dataset
 from searchrl.protocol import Protocol
+from searchrl.retrieval import open_retriever
 from searchrl.rollout.engine import RolloutConfig, RolloutEngine
 from searchrl.rollout.hf_backend import HFBackend, plan_buckets
 
@@ -164,7 +165,7 @@ def main() -> None:
     if args.batch % args.samples:
         raise SystemExit(f"--batch {args.batch} is not a multiple of --samples {args.samples}")
     questions = load_dataset("toyworld:test")[: args.batch // args.samples]
-    retriever = open_named_index("toyworld")
+    retriever = open_retriever("toyworld")
     protocol = Protocol.named("search-r1", "fewshot")
     prompts = [protocol.prompt(q.question, tok) for q in questions]
     cfg = RolloutConfig(max_new_tokens=args.max_new_tokens, max_searches=args.max_searches, k=args.k,

@@ -16,10 +16,11 @@ import json
 import time
 from collections.abc import Callable, Sequence
 
+from searchrl.data.trajectory import Trajectory
 from searchrl.data.types import Passage, Question
+from searchrl.errors import SearchRLError
 from searchrl.retrieval.base import Retriever
 from searchrl.rollout.backend import Continuation, GenerationBackend, SamplingParams
-from searchrl.rollout.trajectory import Trajectory
 
 
 class StreamingBackend(GenerationBackend):
@@ -134,17 +135,19 @@ def ask(
     prints the trajectory as one JSON object instead. Without index and URL, the `toyworld` index
     is used. `backend` may be passed to reuse a loaded model; `chunk` is how many tokens appear at
     a time (the backend must match stop strings across calls, as the transformers one does)."""
-    from searchrl.eval.run import open_retriever
     from searchrl.protocol import Protocol
+    from searchrl.retrieval import open_retriever
     from searchrl.rollout.engine import RolloutConfig, RolloutEngine
 
     protocol = Protocol.named(tags, template, doc_style)
+    if index is not None and retriever_url is not None:
+        raise SearchRLError("give either --index NAME_OR_DIR or --retriever-url URL, not both")
     if index is None and retriever_url is None:
         index = "toyworld"
     cfg = RolloutConfig(
         max_searches=max_searches, k=k, max_new_tokens=max_new_tokens, greedy=not sample, seed=seed, batch_size=1
     )
-    retriever = open_retriever(index, retriever_url, retriever_api)
+    retriever = open_retriever(retriever_url or index, retriever_api)
     if backend is None:
         from searchrl.rollout.backend import make_backend
 

@@ -62,10 +62,10 @@ def serve(
     max_query_chars: int = typer.Option(2000, min=1, help="Longest query accepted, in characters (longer gets HTTP 413)."),
 ) -> None:
     """Serve an index over HTTP: native /search, R1-Searcher /queries, Search-R1 /retrieve, /health."""
-    from searchrl.retrieval import server
+    from searchrl.retrieval import open_retriever, server
 
     limits = server.ServerLimits(max_batch=max_batch, max_k=max_k, max_query_chars=max_query_chars)
-    server.serve(server.open_index_or_name(index), host=host, port=port, limits=limits)
+    server.serve(open_retriever(index), host=host, port=port, limits=limits)
 
 
 # --- datasets catalog ---

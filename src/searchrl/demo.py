@@ -147,14 +147,15 @@ def report_markdown(eval_dirs: Sequence[Path], summary: dict, plots: Sequence[Pa
 
 def run_demo(cfg: DemoConfig, overrides: Sequence[str] = ()) -> Path:
     """Run the demo; `overrides` are key=value pairs for the training config. Returns OUT."""
-    from searchrl.data.catalog import load_dataset, open_named_index
+    from searchrl.data.catalog import load_dataset
     from searchrl.eval.plots import plot_run
+    from searchrl.retrieval import open_retriever
     from searchrl.retrieval.server import serve_in_background
     from searchrl.rl.checkpoint import latest_checkpoint
     from searchrl.rl.config import TrainConfig
-    from searchrl.rl.logging import read_metrics
     from searchrl.rl.trainer import train
     from searchrl.rollout.backend import make_backend
+    from searchrl.runlog import read_metrics
 
     started = time.perf_counter()
     out = Path(cfg.out)
@@ -164,7 +165,7 @@ def run_demo(cfg: DemoConfig, overrides: Sequence[str] = ()) -> Path:
 
     console.rule("1. toy world and index")
     questions = load_dataset(cfg.dataset)
-    retriever = open_named_index(index_name)
+    retriever = open_retriever(index_name)
     console.print(f"{len(questions)} questions in {cfg.dataset}; index {index_name!r} ready")
 
     console.rule("2. retrieval server")

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from searchrl.data.types import Passage
 from searchrl.errors import SearchRLError
-from searchrl.protocol import TagSet, format_documents
 from searchrl.registry import Registry
+from searchrl.tags import TagSet, format_documents
 
 INSTRUCTION = (
     "Answer the user's question by reasoning step by step. You can look facts up in a Wikipedia "
@@ -136,7 +136,9 @@ def examples_text(tags: TagSet, doc_style: str, n: int | None = None) -> str:
     )
 
 
-def _apply_chat(tokenizer, messages: list[dict], template: str) -> str:
+def apply_chat(tokenizer, messages: list[dict], template: str) -> str:
+    """`messages` in the tokenizer's chat template, up to the assistant's turn; `template` names
+    the prompt template in the error raised when the tokenizer has no chat template."""
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise SearchRLError(
             f"prompt template {template!r} needs a tokenizer with a chat template; "
@@ -170,7 +172,7 @@ def chat_prompt(question: str, tags: TagSet, tokenizer=None, doc_style: str = "r
         {"role": "system", "content": instruction_text(tags)},
         {"role": "user", "content": question},
     ]
-    return _apply_chat(tokenizer, messages, "chat") + tags.think_open
+    return apply_chat(tokenizer, messages, "chat") + tags.think_open
 
 
 def _examples_prompt(question: str, tags: TagSet, doc_style: str, n: int | None) -> str:
@@ -210,14 +212,14 @@ def fewshot_chat_prompt(
             }
         )
     messages.append({"role": "user", "content": question})
-    return _apply_chat(tokenizer, messages, "fewshot-chat") + tags.think_open
+    return apply_chat(tokenizer, messages, "fewshot-chat") + tags.think_open
 
 
 # ----------------------------------------------------------------------------------------------
 # Template files
 
 _PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_]\w*)\s*\}\}|\{([A-Za-z_]\w*)\}")
-_CHAT_SPLIT = re.compile(r"^---user---[ \t]*$", re.MULTILINE)
+CHAT_SPLIT = re.compile(r"^---user---[ \t]*$", re.MULTILINE)
 
 
 def resolve_template(template: str) -> str | Path:
@@ -264,14 +266,14 @@ def file_prompt(
     }
     values.update(tags.as_dict())
     text = path.read_text(encoding="utf-8")
-    parts = _CHAT_SPLIT.split(text, maxsplit=1)
+    parts = CHAT_SPLIT.split(text, maxsplit=1)
     if len(parts) == 1:
         return _render(text, values, path)
     system, user = (_render(p.strip("\n"), values, path) for p in parts)
     messages = ([{"role": "system", "content": system}] if system.strip() else []) + [
         {"role": "user", "content": user}
     ]
-    return _apply_chat(tokenizer, messages, str(path)) + tags.think_open
+    return apply_chat(tokenizer, messages, str(path)) + tags.think_open
 
 
 def build_prompt(
@@ -285,7 +287,7 @@ def build_prompt(
     """The prompt for one question. `template` is a built-in name or a template file path;
     `tokenizer` (a Hugging Face tokenizer) is needed by the chat templates only.
 
-    >>> from searchrl.protocol import SEARCH_R1_TAGS
+    >>> from searchrl.tags import SEARCH_R1_TAGS
     >>> build_prompt("Who built Quellbridge?", SEARCH_R1_TAGS).endswith("User: Who built Quellbridge?\\nAssistant: <think>")
     True
     """
@@ -312,6 +314,6 @@ def template_opens_think(template: str, tags: TagSet) -> bool:
     if not isinstance(resolved, Path):
         return True
     text = resolved.read_text(encoding="utf-8")
-    if _CHAT_SPLIT.search(text):
+    if CHAT_SPLIT.search(text):
         return True
     return file_prompt(resolved, "", tags).rstrip().endswith(tags.think_open)

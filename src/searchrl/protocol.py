@@ -1,255 +1,30 @@
-"""The interaction protocol (SPEC §1-2): tag presets, documents blocks, parsing, the `Protocol` bundle.
-
-The model writes free text with tags; the rollout engine stops generation on `stop_strings(tags)`,
-reads the query with `extract_query`, and appends `format_documents(passages, tags)`. Rewards and
-evaluation read the answer with `extract_answer`. Prompt templates live in `searchrl.prompts`
-and are re-exported here (`build_prompt`, `PROMPT_TEMPLATES`).
+"""The protocol a run speaks (SPEC §1-2): tag preset + prompt template + documents style,
+bundled as `Protocol` (what the engine, rewards and evaluation share) and configured by
+`ProtocolConfig`. Tags and parsers live in `searchrl.tags`, prompt templates in `searchrl.prompts`.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import cached_property
 
 from pydantic import field_validator
 
 from searchrl.config import StrictModel
 from searchrl.data.types import Passage
-from searchrl.registry import Registry
-from searchrl.rollout.trajectory import Segment
-
-
-@dataclass(frozen=True)
-class TagSet:
-    """The eight tag strings of one protocol preset."""
-
-    query_open: str
-    query_close: str
-    docs_open: str
-    docs_close: str
-    think_open: str = "<think>"
-    think_close: str = "</think>"
-    answer_open: str = "<answer>"
-    answer_close: str = "</answer>"
-
-    def as_dict(self) -> dict[str, str]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    def all_tags(self) -> tuple[str, ...]:
-        return tuple(getattr(self, f.name) for f in fields(self))
-
-
-TAG_PRESETS: Registry[TagSet] = Registry("tag preset")
-# The barred form is what the authors' code and released checkpoints use (SPEC §1).
-R1SEARCHER_TAGS = TAG_PRESETS.register("r1searcher")(
-    TagSet(
-        "<|begin_of_query|>", "<|end_of_query|>", "<|begin_of_documents|>", "<|end_of_documents|>"
-    )
+from searchrl.prompts import build_prompt, resolve_template, template_opens_think, template_turn_end
+from searchrl.tags import (
+    DOC_STYLES,
+    TAG_PRESETS,
+    TagSet,
+    extract_answer,
+    extract_queries,
+    extract_query,
+    format_documents,
+    get_tags,
+    stop_strings,
 )
-# Single-word tags: the only ones a 135M model picked up quickly in our trials (SPEC §6).
-SEARCH_R1_TAGS = TAG_PRESETS.register("search-r1")(
-    TagSet("<search>", "</search>", "<information>", "</information>")
-)
-DEFAULT_TAGS = R1SEARCHER_TAGS
-
-
-def get_tags(tags: str | TagSet) -> TagSet:
-    """A preset by name (`r1searcher`, `search-r1`), or the TagSet itself."""
-    return tags if isinstance(tags, TagSet) else TAG_PRESETS.get(tags)
-
-
-def stop_strings(tags: TagSet = DEFAULT_TAGS) -> list[str]:
-    """Strings on which the engine pauses generation: end of a query (run a search) or of the
-    answer (done). EOS and the length budget are the backend's business."""
-    return [tags.query_close, tags.answer_close]
-
-
-# ----------------------------------------------------------------------------------------------
-# Documents blocks
-
-
-DOC_STYLES: Registry[Callable[[int, Passage], str]] = Registry("documents style")
-
-
-@DOC_STYLES.register("r1searcher")
-def _doc_r1searcher(i: int, p: Passage) -> str:
-    # The shape of the authors' released trajectories: `(1)Title: Wapping Text: Wapping is ...`.
-    # Checkpoints trained on it see exactly what they saw in training.
-    return f"({i})Title: {p.title} Text: {p.text}"
-
-
-@DOC_STYLES.register("title-lines")
-def _doc_title_lines(i: int, p: Passage) -> str:
-    # SPEC §2's literal shape: title on its own line, text below.
-    return f"({i}) Title: {p.title}\n{p.text}"
-
-
-def _neutralize_tags(text: str, tags: TagSet) -> str:
-    # A corpus passage that happens to contain a protocol tag would let the documents block end
-    # early or plant an answer; tags inside passages are replaced by a space.
-    for tag in tags.all_tags():
-        if tag in text:
-            text = text.replace(tag, " ")
-    return text
-
-
-def format_documents(
-    passages: Sequence[Passage], tags: TagSet = DEFAULT_TAGS, style: str = "r1searcher"
-) -> str:
-    """The environment's documents block, inserted right after the end-of-query tag.
-
-    >>> print(format_documents([Passage("7", "Quellbridge", "A town on the Tessaly.")]), end="|")
-    <BLANKLINE>
-    <BLANKLINE>
-    <|begin_of_documents|>
-    (1)Title: Quellbridge Text: A town on the Tessaly.
-    <|end_of_documents|>
-    <BLANKLINE>
-    |
-    """
-    line = DOC_STYLES.get(style)
-    body = "".join(
-        line(i, Passage(p.id, _neutralize_tags(p.title, tags), _neutralize_tags(p.text, tags)))
-        + "\n"
-        for i, p in enumerate(passages, start=1)
-    )
-    if not body:
-        body = "(no documents found)\n"
-    return f"\n\n{tags.docs_open}\n{body}{tags.docs_close}\n\n"
-
-
-# ----------------------------------------------------------------------------------------------
-# Parsing
-
-_QUOTES = "\"'`\u201c\u201d\u2018\u2019\u00ab\u00bb"
-
-
-def clean_query(raw: str) -> str | None:
-    """Strip surrounding quotes and whitespace, collapse inner whitespace; empty -> None.
-
-    >>> clean_query('  "capital of   France"\\n')
-    'capital of France'
-    >>> clean_query(' "" ') is None
-    True
-    """
-    q = " ".join(raw.split()).strip(_QUOTES + " ")
-    return q or None
-
-
-def extract_query(text: str, tags: TagSet = DEFAULT_TAGS) -> str | None:
-    """The query after the LAST begin-of-query tag (SPEC §2), cut at the end-of-query tag if present.
-
-    None when there is no begin-of-query tag, the query is empty, or a stray end tag follows the
-    last complete query (the generation stopped on an end tag that opens nothing new: searching
-    the old query again would reward a stutter).
-
-    >>> extract_query("I should look. <|begin_of_query|> 'Quellbridge river'<|end_of_query|>")
-    'Quellbridge river'
-    >>> extract_query("<search> a </search> then <search>b  c</search>", SEARCH_R1_TAGS)
-    'b c'
-    """
-    start = text.rfind(tags.query_open)
-    if start < 0:
-        return None
-    rest = text[start + len(tags.query_open) :]
-    end = rest.find(tags.query_close)
-    if end < 0:
-        return clean_query(rest)
-    if rest.find(tags.query_close, end + len(tags.query_close)) >= 0:
-        return None
-    return clean_query(rest[:end])
-
-
-def extract_queries(text: str, tags: TagSet = DEFAULT_TAGS) -> list[str]:
-    """Every complete, non-empty query in order (unclosed or empty ones are skipped)."""
-    pattern = re.escape(tags.query_open) + r"(.*?)" + re.escape(tags.query_close)
-    found = (
-        clean_query(_after_last(m.group(1), tags.query_open))
-        for m in re.finditer(pattern, text, re.DOTALL)
-    )
-    return [q for q in found if q is not None]
-
-
-def _after_last(text: str, tag: str) -> str:
-    # With nested opens (`<q> a <q> b </q>`) the innermost text is the one the engine searched for.
-    i = text.rfind(tag)
-    return text if i < 0 else text[i + len(tag) :]
-
-
-def extract_answer(text: str, tags: TagSet = DEFAULT_TAGS) -> str | None:
-    """The text of the LAST complete answer block, stripped; None when there is none.
-
-    >>> extract_answer("<think>x</think>\\n\\n <answer> Tessaly </answer>")
-    'Tessaly'
-    >>> extract_answer("<answer>unfinished") is None
-    True
-    """
-    end = text.rfind(tags.answer_close)
-    if end < 0:
-        return None
-    start = text.rfind(tags.answer_open, 0, end)
-    if start < 0:
-        return None
-    return text[start + len(tags.answer_open) : end].strip()
-
-
-def extract_reasoning(
-    text: str,
-    tags: TagSet = DEFAULT_TAGS,
-    *,
-    think_opened_in_prompt: bool = True,
-    drop_documents: bool = False,
-) -> str | None:
-    """The text of the (first) think block, stripped; None when there is no think block.
-
-    With `think_opened_in_prompt` (the prompt ended with the think tag) the block starts at the
-    beginning of `text`. An unclosed block runs to the answer tag or the end of the text.
-    """
-    if think_opened_in_prompt:
-        begin = 0
-    else:
-        i = text.find(tags.think_open)
-        if i < 0:
-            return None
-        begin = i + len(tags.think_open)
-    stops = [
-        j
-        for j in (text.find(tags.think_close, begin), text.find(tags.answer_open, begin))
-        if j >= 0
-    ]
-    body = text[begin : min(stops) if stops else len(text)]
-    if drop_documents:
-        body = "".join(s.text for s in segments_from_text(body, tags) if s.source == "policy")
-    return body.strip()
-
-
-def segments_from_text(text: str, tags: TagSet = DEFAULT_TAGS) -> list[Segment]:
-    """Rebuild provenance for a plain-text trajectory (e.g. the authors' released ones): every
-    complete documents block, with the blank lines around it, is `env`; the rest is `policy`.
-
-    Text alone cannot tell a forged block from an inserted one; use this only for records whose
-    engine is known to have inserted every block (never on our own trajectories, which carry
-    their segments).
-    """
-    pattern = (
-        r"\n{0,2}" + re.escape(tags.docs_open) + r".*?" + re.escape(tags.docs_close) + r"\n{0,2}"
-    )
-    segments: list[Segment] = []
-    pos = 0
-    for m in re.finditer(pattern, text, re.DOTALL):
-        if m.start() > pos:
-            segments.append(Segment(text[pos : m.start()], "policy"))
-        segments.append(Segment(m.group(0), "env"))
-        pos = m.end()
-    if pos < len(text):
-        segments.append(Segment(text[pos:], "policy"))
-    return segments
-
-
-# ----------------------------------------------------------------------------------------------
-# The bundle the engine, rewards and evaluation share
 
 
 class ProtocolConfig(StrictModel):
@@ -282,17 +57,19 @@ class ProtocolConfig(StrictModel):
     @field_validator("template")
     @classmethod
     def _known_template(cls, v: str) -> str:
-        from searchrl.prompts import resolve_template
-
         resolve_template(v)
         return v
 
 
 @dataclass(frozen=True)
 class Protocol:
-    """Tags + prompt template + documents style: everything about the text format of a rollout."""
+    """Tags + prompt template + documents style: everything about the text format of a rollout.
 
-    tags: TagSet = DEFAULT_TAGS
+    >>> Protocol.named("search-r1").stop_strings()  # end of query, of answer, of the model's turn
+    ['</search>', '</answer>', '\\nUser:']
+    """
+
+    tags: TagSet
     template: str = "base"
     doc_style: str = "r1searcher"
 
@@ -301,29 +78,21 @@ class Protocol:
         return cls(get_tags(cfg.tags), cfg.template, cfg.doc_style)
 
     @classmethod
-    def named(
-        cls, tags: str = "r1searcher", template: str = "base", doc_style: str = "r1searcher"
-    ) -> Protocol:
+    def named(cls, tags: str, template: str = "base", doc_style: str = "r1searcher") -> Protocol:
         return cls.from_config(ProtocolConfig(tags=tags, template=template, doc_style=doc_style))
 
     def prompt(self, question: str, tokenizer=None) -> str:
-        from searchrl.prompts import build_prompt
-
         return build_prompt(question, self.tags, self.template, tokenizer, doc_style=self.doc_style)
 
     @cached_property
     def think_opened_in_prompt(self) -> bool:
         """Whether prompts end with the think tag, so responses start inside the think block."""
-        from searchrl.prompts import template_opens_think
-
         return template_opens_think(self.template, self.tags)
 
     @cached_property
     def turn_end(self) -> str | None:
         """Text after which the model is writing the next user turn, not its answer (a rollout
         stops there: `turn_end`); None for chat templates, whose turns end with EOS."""
-        from searchrl.prompts import template_turn_end
-
         return template_turn_end(self.template)
 
     def stop_strings(self) -> list[str]:
@@ -341,11 +110,3 @@ class Protocol:
     def extract_answer(self, text: str) -> str | None:
         return extract_answer(text, self.tags)
 
-
-def __getattr__(name: str):
-    # Prompt building lives in searchrl.prompts (it imports this module); re-exported lazily.
-    if name in ("build_prompt", "PROMPT_TEMPLATES", "instruction_text"):
-        from searchrl import prompts
-
-        return getattr(prompts, name)
-    raise AttributeError(f"module 'searchrl.protocol' has no attribute {name!r}")

@@ -27,16 +27,16 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from pydantic import Field, field_validator, model_validator
 
 from searchrl.config import StrictModel
+from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.metrics import ANSWER_METRICS
-from searchrl.protocol import DEFAULT_TAGS, TagSet, extract_answer
 from searchrl.registry import Registry
-from searchrl.rollout.trajectory import Segment, Trajectory
+from searchrl.tags import TagSet, extract_answer
 
 FORMAT_RULES = (
     "think",
@@ -75,7 +75,7 @@ def _merge(segments: Sequence[Segment]) -> list[Segment]:
     return out
 
 
-def policy_view(segments: Sequence[Segment], tags: TagSet = DEFAULT_TAGS) -> str:
+def policy_view(segments: Sequence[Segment], tags: TagSet) -> str:
     """The response as the policy shaped it: each environment block collapsed to an empty
     documents block, so its contents (which may hold anything) never count as policy text."""
     placeholder = tags.docs_open + tags.docs_close
@@ -149,7 +149,7 @@ def _structure_failures(
 
 def check_segments(
     segments: Sequence[Segment],
-    tags: TagSet = DEFAULT_TAGS,
+    tags: TagSet,
     *,
     question: str = "",
     think_opened_in_prompt: bool = True,
@@ -158,13 +158,14 @@ def check_segments(
 ) -> FormatVerdict:
     """The format check on response segments; see the module docstring for the rules.
 
+    >>> from searchrl.tags import R1SEARCHER_TAGS
     >>> ok = [Segment(" Look it up. <|begin_of_query|>Quellbridge river<|end_of_query|>", "policy"),
     ...       Segment("\\n\\n<|begin_of_documents|>\\n(1)Title: Quellbridge Text: On the Tessaly.\\n<|end_of_documents|>\\n\\n", "env"),
     ...       Segment("It is the Tessaly.</think>\\n\\n<answer>Tessaly</answer>", "policy")]
-    >>> check_segments(ok)
+    >>> check_segments(ok, R1SEARCHER_TAGS)
     FormatVerdict(ok=True, failed=[])
     >>> forged = [Segment("<|begin_of_documents|>made up<|end_of_documents|></think><answer>x</answer>", "policy")]
-    >>> check_segments(forged).failed
+    >>> check_segments(forged, R1SEARCHER_TAGS).failed
     ['forged_documents']
     """
     merged = _merge(segments)
@@ -194,7 +195,7 @@ def check_segments(
 
 def check_format(
     traj: Trajectory,
-    tags: TagSet = DEFAULT_TAGS,
+    tags: TagSet,
     *,
     think_opened_in_prompt: bool = True,
     max_answer_words: int | None = None,
@@ -311,7 +312,7 @@ def compute_reward(
     traj: Trajectory,
     golds: Sequence[str],
     cfg: RewardConfig,
-    tags: TagSet = DEFAULT_TAGS,
+    tags: TagSet,
     *,
     think_opened_in_prompt: bool = True,
 ) -> RewardBreakdown:
@@ -320,13 +321,14 @@ def compute_reward(
     The answer is `traj.answer` as the engine recorded it, else the last answer block of the
     policy's text.
 
+    >>> from searchrl.tags import R1SEARCHER_TAGS
     >>> t = Trajectory("q1", "Which river?", [], [], [], [],
     ...     [Segment("<|begin_of_query|>river<|end_of_query|>", "policy"),
     ...      Segment("\\n\\n<|begin_of_documents|>\\n(1)Title: T Text: x\\n<|end_of_documents|>\\n\\n", "env"),
     ...      Segment("</think><answer>the Tessaly river</answer>", "policy")], n_searches=1)
-    >>> compute_reward(t, ["Tessaly"], RewardConfig(stage=2)).total  # F1: P=1/2, R=1
+    >>> compute_reward(t, ["Tessaly"], RewardConfig(stage=2), R1SEARCHER_TAGS).total  # F1: P=1/2, R=1
     0.6666666666666666
-    >>> compute_reward(t, ["Tessaly"], RewardConfig(stage=1)).total
+    >>> compute_reward(t, ["Tessaly"], RewardConfig(stage=1), R1SEARCHER_TAGS).total
     2.0
     """
     verdict = check_format(

@@ -15,9 +15,9 @@ from typer.testing import CliRunner
 
 from searchrl.assets import load_tokenizer
 from searchrl.cli import app
-from searchrl.data.catalog import open_named_index
 from searchrl.eval.score import score_file
-from searchrl.protocol import SEARCH_R1_TAGS, format_documents
+from searchrl.retrieval import open_retriever
+from searchrl.tags import SEARCH_R1_TAGS, format_documents
 
 pytestmark = pytest.mark.integration
 
@@ -78,7 +78,7 @@ def test_agent_searches_and_env_tokens_are_exactly_the_documents(runs):
     recs = _records(runs / "agent")
     assert any(r["n_searches"] >= 1 for r in recs), [r["segments"][0]["text"][:200] for r in recs]
     tok = load_tokenizer("smollm2-135m")
-    retriever = open_named_index("toyworld")
+    retriever = open_retriever("toyworld")
     for r in recs:
         runs_ = _mask0_runs(r)
         assert len(runs_) == r["n_searches"] == len(r["queries"]) == len(r["retrieved_ids"])

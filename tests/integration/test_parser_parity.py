@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from searchrl.eval.format_check import format_pass_rate
-from searchrl.protocol import (
+from searchrl.tags import (
     R1SEARCHER_TAGS,
     extract_answer,
     extract_queries,
@@ -34,9 +34,9 @@ def records(shared_data: Path, name: str) -> list[dict]:
 def test_extract_answer_equals_released_pred_ans(shared_data: Path, name: str) -> None:
     recs = records(shared_data, name)
     mismatches = [
-        (r["question"], extract_answer(r["gen_text_store"]), r["pred_ans"].strip())
+        (r["question"], extract_answer(r["gen_text_store"], R1SEARCHER_TAGS), r["pred_ans"].strip())
         for r in recs
-        if extract_answer(r["gen_text_store"]) != r["pred_ans"].strip()
+        if extract_answer(r["gen_text_store"], R1SEARCHER_TAGS) != r["pred_ans"].strip()
     ]
     if name == "bamboogle_qwen.jsonl":
         # One released record's pred_ans is not the answer in its own trajectory (the only

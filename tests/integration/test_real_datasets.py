@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from searchrl.data import catalog
+from searchrl.retrieval import open_retriever
 
 pytestmark = pytest.mark.integration
 
@@ -67,7 +68,7 @@ def test_bm25_recall_on_hotpotqa_ircot(home):
     from searchrl.eval.retrieval import recall_at_k
 
     questions = catalog.load_dataset("hotpotqa-ircot")[:50]
-    retriever = catalog.open_named_index("localwiki")
+    retriever = open_retriever("localwiki")
     try:
         out = recall_at_k(questions, retriever, k=5, progress=False)
     finally:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 
 from searchrl.assets import load_model
-from searchrl.data.catalog import load_dataset, open_named_index
+from searchrl.data.catalog import load_dataset
+from searchrl.data.trajectory import STOP_REASONS
 from searchrl.protocol import Protocol
+from searchrl.retrieval import open_retriever
 from searchrl.rollout.engine import RolloutConfig, RolloutEngine
 from searchrl.rollout.hf_backend import HFBackend
-from searchrl.rollout.trajectory import STOP_REASONS
 
 
 def env_runs(traj) -> list[list[int]]:
@@ -28,7 +29,7 @@ def env_runs(traj) -> list[list[int]]:
 def test_smollm2_searches_and_env_tokens_are_the_inserted_blocks():
     model, tok = load_model("smollm2-135m")
     questions = load_dataset("toyworld:test")[:8]
-    retriever = open_named_index("toyworld")
+    retriever = open_retriever("toyworld")
     protocol = Protocol.named("search-r1", "fewshot")
     backend = HFBackend(model, tok)
     cfg = RolloutConfig(max_new_tokens=64, max_searches=2, k=2, temperature=1.0, top_p=0.95, seed=0,

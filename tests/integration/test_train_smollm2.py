@@ -10,8 +10,8 @@ import pytest
 from searchrl.config import load_config
 from searchrl.eval.plots import plot_run
 from searchrl.rl.config import TrainConfig
-from searchrl.rl.logging import read_metrics
 from searchrl.rl.trainer import train
+from searchrl.runlog import read_metrics
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo-cpu.yaml"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,9 @@ from searchrl.data import catalog
 from searchrl.data.types import Passage, Question
 from searchrl.errors import SearchRLError
 from searchrl.eval.retrieval import recall_at_k
+from searchrl.retrieval import open_retriever
 from searchrl.retrieval.base import Retriever
+from searchrl.retrieval.http import HttpRetriever
 
 
 @pytest.fixture()
@@ -31,7 +34,15 @@ def test_unknown_dataset_lists_known_names():
 
 def test_unknown_index_lists_known_names(home):
     with pytest.raises(SearchRLError, match="unknown index 'wiki'.*localwiki, localwiki-dense, toyworld"):
-        catalog.open_named_index("wiki")
+        open_retriever("wiki")
+
+
+def test_open_retriever_takes_a_url_and_names_a_missing_directory(home, tmp_path):
+    with open_retriever("http://127.0.0.1:1", api="search-r1") as http:  # connects on first search
+        assert isinstance(http, HttpRetriever) and http.url == "http://127.0.0.1:1/retrieve"
+    missing = tmp_path / "no-index"
+    with pytest.raises(SearchRLError, match=re.escape(f"index directory {missing} does not exist; build one")):
+        open_retriever(str(missing))
 
 
 def test_path_spec_loads_any_format(tmp_path):
@@ -112,7 +123,7 @@ def test_toyworld_datasets_are_generated_into_the_cache_once(toy_home):
 
 def test_toyworld_index_is_built_once_and_finds_gold_passages(toy_home):
     questions = catalog.load_dataset("toyworld:test")[:40]
-    retriever = catalog.open_named_index("toyworld")
+    retriever = open_retriever("toyworld")
     try:
         out = recall_at_k(questions, retriever, k=5, progress=False)
         first = [p.id for p in retriever.search([questions[0].question], 3)[0]]
@@ -124,7 +135,7 @@ def test_toyworld_index_is_built_once_and_finds_gold_passages(toy_home):
     (index_dir,) = (toy_home / "indexes").glob("toyworld-*")
     assert catalog.named_index_dir("toyworld") == index_dir  # second call: the cached folder
     assert ("toyworld", "BM25 over the toy world corpus", True) in catalog.list_indexes()
-    reopened = catalog.open_named_index(str(index_dir))  # a directory path opens directly
+    reopened = open_retriever(str(index_dir))  # a directory path opens directly
     try:
         assert len(first) == 3 and [p.id for p in reopened.search([questions[0].question], 3)[0]] == first
     finally:

@@ -8,7 +8,7 @@ import pytest
 
 from searchrl.demo import DemoConfig, resolve_config_path, run_demo, stage_summary
 from searchrl.errors import SearchRLError
-from searchrl.rl.logging import read_metrics
+from searchrl.runlog import read_metrics
 
 
 def test_stage_summary_reads_first_last_and_quarters():

@@ -14,16 +14,16 @@ from typer.testing import CliRunner
 from searchrl.ask import StreamingBackend, ask
 from searchrl.assets import load_tokenizer
 from searchrl.cli import app
+from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.data.types import Passage, Question
 from searchrl.errors import SearchRLError
 from searchrl.eval.compare import compare_markdown
 from searchrl.eval.run import EvalConfig, answer_prompt, predict, run_eval
 from searchrl.eval.score import score_file
-from searchrl.protocol import SEARCH_R1_TAGS, format_documents
 from searchrl.retrieval.index import build_index, open_index
 from searchrl.rollout.backend import SamplingParams
 from searchrl.rollout.scripted import ScriptedBackend
-from searchrl.rollout.trajectory import Segment, Trajectory
+from searchrl.tags import SEARCH_R1_TAGS, format_documents
 
 PASSAGES = [
     Passage("p1", "Quellbridge", "Quellbridge is a market town on the river Tessaly."),

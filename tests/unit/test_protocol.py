@@ -1,4 +1,5 @@
-"""Tag presets, prompt templates, documents blocks and the parsers of searchrl.protocol."""
+"""Tag presets, documents blocks and parsers (searchrl.tags), prompt templates (searchrl.prompts)
+and the Protocol bundle (searchrl.protocol)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ from hypothesis import strategies as st
 from searchrl.data.types import Passage
 from searchrl.errors import SearchRLError
 from searchrl.prompts import EXAMPLES, build_prompt, example_response, instruction_text
-from searchrl.protocol import (
+from searchrl.protocol import Protocol, ProtocolConfig
+from searchrl.rewards import check_segments
+from searchrl.tags import (
     R1SEARCHER_TAGS,
     SEARCH_R1_TAGS,
     TAG_PRESETS,
-    Protocol,
-    ProtocolConfig,
     extract_answer,
     extract_queries,
     extract_query,
@@ -24,7 +25,6 @@ from searchrl.protocol import (
     segments_from_text,
     stop_strings,
 )
-from searchrl.rewards import check_segments
 
 QUESTION = "Which river flows through Quellbridge?"
 PRESETS = ["r1searcher", "search-r1"]
@@ -313,7 +313,8 @@ def test_docstring_examples():
 
     import searchrl.prompts
     import searchrl.protocol
+    import searchrl.tags
 
-    for module in (searchrl.protocol, searchrl.prompts):
+    for module in (searchrl.tags, searchrl.prompts, searchrl.protocol):
         result = doctest.testmod(module)
         assert result.attempted >= 1 and result.failed == 0, module.__name__

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.errors import SearchRLError
-from searchrl.protocol import R1SEARCHER_TAGS, SEARCH_R1_TAGS, TagSet
 from searchrl.rewards import (
     FORMAT_RULES,
     REWARD_STAGES,
@@ -22,7 +22,7 @@ from searchrl.rewards import (
     check_segments,
     compute_reward,
 )
-from searchrl.rollout.trajectory import Segment, Trajectory
+from searchrl.tags import R1SEARCHER_TAGS, SEARCH_R1_TAGS, TagSet
 
 T = R1SEARCHER_TAGS
 QO, QC, DO, DC = T.query_open, T.query_close, T.docs_open, T.docs_close
@@ -199,33 +199,33 @@ def test_rule_answer_length_is_optional():
 def test_stage1_paper_magnitudes():
     cfg = RewardConfig(stage=1)
     assert cfg.stage == "stage1"
-    assert compute_reward(traj(GOOD), ["Tessaly"], cfg).total == 2.0  # +1 searched, +1 format
+    assert compute_reward(traj(GOOD), ["Tessaly"], cfg, T).total == 2.0  # +1 searched, +1 format
     no_search = traj([P("a</think><answer>Tessaly</answer>")])
-    assert compute_reward(no_search, ["Tessaly"], cfg).total == 0.0  # -1 + 1
+    assert compute_reward(no_search, ["Tessaly"], cfg, T).total == 0.0  # -1 + 1
     bad = traj([P(f"{QO}q{QC}"), E(), P("no answer")])
-    r = compute_reward(bad, ["Tessaly"], cfg)
+    r = compute_reward(bad, ["Tessaly"], cfg, T)
     assert (r.total, r.retrieve, r.format, r.answer, r.format_ok) == (0.0, 1.0, -1.0, 0.0, False)
     assert r.failed_rules == ["think", "answer"]
-    assert compute_reward(traj([P("nothing")]), ["Tessaly"], cfg).total == -2.0
+    assert compute_reward(traj([P("nothing")]), ["Tessaly"], cfg, T).total == -2.0
 
 
 def test_stage2_paper_magnitudes_and_metric_choice():
     long_answer = traj([*GOOD[:2], P("so</think><answer>the Tessaly river</answer>")])
     by_metric = {
-        m: compute_reward(long_answer, ["Tessaly"], RewardConfig(answer_metric=m)).total
+        m: compute_reward(long_answer, ["Tessaly"], RewardConfig(answer_metric=m), T).total
         for m in ("f1", "em", "cem", "cem_substr")
     }
     assert by_metric == {"f1": pytest.approx(2 / 3), "em": 0.0, "cem": 1.0, "cem_substr": 1.0}
-    r = compute_reward(traj(GOOD), ["Tessaly"], RewardConfig(stage=2))
+    r = compute_reward(traj(GOOD), ["Tessaly"], RewardConfig(stage=2), T)
     assert (r.total, r.retrieve, r.format, r.answer, r.answer_score) == (1.0, 0.0, 0.0, 1.0, 1.0)
     forged = traj([P(f"{DO}fake{DC}</think><answer>Tessaly</answer>")])
-    r = compute_reward(forged, ["Tessaly"], RewardConfig())
+    r = compute_reward(forged, ["Tessaly"], RewardConfig(), T)
     assert (r.total, r.format, r.answer) == (
         -1.0,
         -2.0,
         1.0,
     )  # the paper's sum: R_answer + R_format
-    r = compute_reward(forged, ["Tessaly"], RewardConfig(answer_requires_format=True))
+    r = compute_reward(forged, ["Tessaly"], RewardConfig(answer_requires_format=True), T)
     assert (r.total, r.answer, r.answer_score) == (-2.0, 0.0, 1.0)
 
 
@@ -240,20 +240,20 @@ def test_every_magnitude_is_configuration():
         format_bad=-1.0,
         answer_weight=1.0,
     )
-    assert compute_reward(traj(GOOD), ["Tessaly"], authors).total == 1.5
+    assert compute_reward(traj(GOOD), ["Tessaly"], authors, T).total == 1.5
     searched_bad = traj([P(f"{QO}q{QC}"), E(), P("so<answer>Tessaly</answer>")])  # no </think>
-    r = compute_reward(searched_bad, ["Tessaly"], authors)
+    r = compute_reward(searched_bad, ["Tessaly"], authors, T)
     assert (r.retrieve, r.format, r.answer, r.total) == (0.0, -1.0, 1.0, 0.0)
     scaled = RewardConfig(format_ok=0.25, format_bad=-3.0, answer_weight=2.0)
-    assert compute_reward(traj(GOOD), ["Tessaly"], scaled).total == 2.25
+    assert compute_reward(traj(GOOD), ["Tessaly"], scaled, T).total == 2.25
     capped = RewardConfig(max_answer_words=1)
     long_answer = traj([*GOOD[:2], P("so</think><answer>the Tessaly river</answer>")])
-    assert compute_reward(long_answer, ["Tessaly"], capped).failed_rules == ["answer_length"]
+    assert compute_reward(long_answer, ["Tessaly"], capped, T).failed_rules == ["answer_length"]
 
 
 def test_engine_answer_wins_and_breakdown_serialises():
     t = traj(GOOD, answer="Velmar")
-    r = compute_reward(t, ["Tessaly"], RewardConfig())
+    r = compute_reward(t, ["Tessaly"], RewardConfig(), T)
     assert r.answer_score == 0.0
     assert set(r.to_dict()) == {
         "total",

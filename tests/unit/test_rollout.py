@@ -10,13 +10,14 @@ import torch
 
 from searchrl.assets import load_model, load_tokenizer
 from searchrl.data.types import Passage, Question
-from searchrl.protocol import SEARCH_R1_TAGS, Protocol, format_documents
+from searchrl.protocol import Protocol
 from searchrl.retrieval.base import Retriever
 from searchrl.rollout import kv_groups
 from searchrl.rollout.backend import BACKENDS, SamplingParams
 from searchrl.rollout.engine import RolloutConfig, RolloutEngine
 from searchrl.rollout.hf_backend import HFBackend, plan_buckets, sample_tokens
 from searchrl.rollout.scripted import ScriptedBackend
+from searchrl.tags import SEARCH_R1_TAGS, format_documents
 
 PASSAGES = [
     Passage("p1", "Quellbridge", "Quellbridge is a market town on the river Tessaly."),
@@ -80,7 +81,7 @@ def prompts_for(questions):
 def run_scripted(tokenizer, policy=scripted_policy, questions=QUESTIONS, n=2, **cfg):
     backend = ScriptedBackend(tokenizer, policy)
     retriever = WordRetriever()
-    engine = RolloutEngine(backend, retriever, "search-r1", RolloutConfig(**cfg))
+    engine = RolloutEngine(backend, retriever, Protocol.named("search-r1"), RolloutConfig(**cfg))
     trajs = engine.run(questions, prompts_for(questions), n=n)
     return trajs, backend, retriever
 
@@ -404,7 +405,7 @@ def test_backend_registry_and_engine_on_hf(tiny):
     model, tok = tiny
     assert "hf" in BACKENDS and BACKENDS.get("hf") is HFBackend
     be = HFBackend(model, tok)
-    engine = RolloutEngine(be, WordRetriever(), "search-r1", RolloutConfig(max_new_tokens=6, seed=1))
+    engine = RolloutEngine(be, WordRetriever(), Protocol.named("search-r1"), RolloutConfig(max_new_tokens=6, seed=1))
     trajs = engine.run(QUESTIONS[:2], prompts_for(QUESTIONS[:2]), n=2)
     for t in trajs:
         assert len(t.token_ids) == len(t.loss_mask) == len(t.logprobs) <= 6

@@ -346,13 +346,13 @@ def bm25_dir(tmp_path_factory):
 
 @pytest.mark.parametrize("api", ["native", "r1searcher", "search-r1"])
 def test_real_bm25_index_served_equals_in_process(bm25_dir, api):
+    from searchrl.retrieval import open_retriever
     from searchrl.retrieval.index import open_index
-    from searchrl.retrieval.server import open_index_or_name
 
     local = open_index(bm25_dir)
     queries = ["capital of Germany", "Rhine Netherlands", "", "newline title"]
     with (
-        running(create_app(open_index_or_name(str(bm25_dir)))) as url,
+        running(create_app(open_retriever(str(bm25_dir)))) as url,
         HttpRetriever(url, api=api) as http,
     ):
         assert http.search(queries, 3) == local.search(queries, 3)

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from searchrl.cli import app
 from searchrl.config import load_config
+from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.data.types import Passage, Question
 from searchrl.errors import SearchRLError
 from searchrl.protocol import Protocol
@@ -24,11 +25,10 @@ from searchrl.rl import logprobs, step, trainer
 from searchrl.rl.actor import Actor
 from searchrl.rl.checkpoint import complete_checkpoints, latest_checkpoint
 from searchrl.rl.config import TrainConfig
-from searchrl.rl.logging import read_metrics
 from searchrl.rl.policy import load_policy
 from searchrl.rl.rollout_worker import RolloutWorker
 from searchrl.rl.sampler import PromptSampler
-from searchrl.rollout.trajectory import Segment, Trajectory
+from searchrl.runlog import read_metrics
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

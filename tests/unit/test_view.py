@@ -13,9 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 from searchrl.cli import app
+from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.errors import DataError
 from searchrl.eval.view import ENV_LABEL, load_items, write_view
-from searchrl.rollout.trajectory import Segment, Trajectory
 
 DOCS = (
     "\n\n<|begin_of_documents|>\n(1)Title: Quellbridge Text: A town on the Tessaly & <Vell>.\n"

@@ -1,7 +1,8 @@
 """Named datasets and indexes, built on first use and cached under `cache_dir()`.
 
 `load_dataset("hotpotqa-ircot")`, `load_dataset("toyworld:train")`, `load_dataset("my.jsonl")`,
-`load_dataset("hf:RUC-NLPIR/FlashRAG_datasets@hotpotqa:dev")`; `open_named_index("localwiki")`.
+`load_dataset("hf:RUC-NLPIR/FlashRAG_datasets@hotpotqa:dev")`; `named_index_dir("localwiki")` (what
+`searchrl.retrieval.open_retriever("localwiki")` opens).
 Cache writes go to a temporary sibling folder that is renamed into place, so two processes
 building the same thing at once never see half a build (the loser's copy is discarded).
 """
@@ -18,16 +19,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from searchrl.data.loaders import load_questions
 from searchrl.data.types import Question
 from searchrl.errors import DataError, SearchRLError
 from searchrl.paths import cache_dir, find_shared_data, shared_data
 from searchrl.registry import Registry
-
-if TYPE_CHECKING:
-    from searchrl.retrieval.base import Retriever
 
 
 @dataclass(frozen=True)
@@ -289,19 +286,11 @@ def named_index_dir(name: str) -> Path:
     """The folder of catalog index `name`, built on first use."""
     if name not in INDEXES:
         raise SearchRLError(
-            f"unknown index {name!r}; catalog indexes: {', '.join(INDEXES.names())}, "
-            "or give the directory of an index built with `searchrl index build`"
+            f"unknown index {name!r}; give a catalog index ({', '.join(INDEXES.names())}), "
+            "the directory of an index built with `searchrl index build`, or an http(s):// "
+            "retrieval server URL"
         )
     return cached_build(_index_rel(name), INDEXES.get(name).build)
-
-
-def open_named_index(name_or_dir: str) -> Retriever:
-    """A retriever over an index directory, or over a catalog index (built on first use)."""
-    path = Path(name_or_dir).expanduser()
-    folder = path if path.is_dir() else named_index_dir(name_or_dir)
-    from searchrl.retrieval.index import open_index
-
-    return open_index(folder)
 
 
 def list_indexes() -> list[tuple[str, str, bool]]:

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from searchrl.data.types import Passage
-from searchrl.protocol import TagSet
+from searchrl.prompts import CHAT_SPLIT, EXAMPLES, apply_chat, resolve_template
+from searchrl.tags import TagSet
 
 INSTRUCTION = (
     "Answer the question{source}. Give only the final answer, in a few words, between "
@@ -36,8 +37,6 @@ def user_turn(question: str, passages: Sequence[Passage] | None) -> str:
 
 def _examples(with_passages: bool) -> list[tuple[str, str]]:
     """(user turn, answer) of each worked example."""
-    from searchrl.prompts import EXAMPLES
-
     out = []
     for question, steps in EXAMPLES:
         passages = [p for step in steps if step[0] == "query" for p in step[2]]
@@ -48,12 +47,10 @@ def _examples(with_passages: bool) -> list[tuple[str, str]]:
 def template_kind(template: str) -> tuple[bool, bool]:
     """(chat?, few-shot?) of the agent's template: built-ins by name, files by their text (a
     `---user---` line makes a chat template, an `{examples}` placeholder a few-shot one)."""
-    from searchrl.prompts import _CHAT_SPLIT, resolve_template
-
     resolved = resolve_template(template)
     if isinstance(resolved, Path):
         text = resolved.read_text(encoding="utf-8")
-        return _CHAT_SPLIT.search(text) is not None, "{examples}" in text
+        return CHAT_SPLIT.search(text) is not None, "{examples}" in text
     return "chat" in resolved, resolved.startswith("fewshot")
 
 
@@ -65,7 +62,7 @@ def answer_prompt(
     The agent's `template` picks the form: chat (the tokenizer's chat template) or completion,
     and few-shot or not.
 
-    >>> from searchrl.protocol import SEARCH_R1_TAGS
+    >>> from searchrl.tags import SEARCH_R1_TAGS
     >>> print(answer_prompt("Who built Quellbridge?", None, SEARCH_R1_TAGS, "base"))
     Answer the question. Give only the final answer, in a few words, between <answer> and </answer>.
     <BLANKLINE>
@@ -78,13 +75,11 @@ def answer_prompt(
     shots = _examples(passages is not None) if fewshot else []
     shown = [(u, f"{tags.answer_open}{a}{tags.answer_close}") for u, a in shots]
     if chat:
-        from searchrl.prompts import _apply_chat
-
         messages = [{"role": "system", "content": instruction}]
         for user, reply in shown:
             messages += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
         messages.append({"role": "user", "content": user_turn(question, passages)})
-        return _apply_chat(tokenizer, messages, template) + tags.answer_open
+        return apply_chat(tokenizer, messages, template) + tags.answer_open
     turns = [f"User: {user}\nAssistant: {reply}" for user, reply in shown]
     turns.append(f"User: {user_turn(question, passages)}\nAssistant: {tags.answer_open}")
     return instruction + "\n\n" + "\n\n".join(turns)

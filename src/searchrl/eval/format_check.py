@@ -12,10 +12,10 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from searchrl.data.trajectory import Segment
 from searchrl.errors import DataError
-from searchrl.protocol import TagSet, get_tags, segments_from_text
 from searchrl.rewards import FORMAT_RULES, check_segments
-from searchrl.rollout.trajectory import Segment
+from searchrl.tags import TagSet, get_tags, segments_from_text
 
 
 def record_segments(rec: dict, tags: TagSet, where: str = "record") -> list[Segment]:

@@ -9,6 +9,7 @@ from itertools import pairwise
 from pathlib import Path
 
 from searchrl.errors import SearchRLError
+from searchrl.runlog import read_metrics
 
 # (metrics key, title, y label)
 CURVES = (
@@ -61,8 +62,6 @@ def plot_run(run_dir: Path, out: Path | None = None, window: int | None = None) 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from searchrl.rl.logging import read_metrics
 
     run_dir = Path(run_dir)
     records = read_metrics(run_dir)

@@ -68,13 +68,14 @@ def retrieval_command(dataset: str, index: str, k: int, limit: int | None, as_js
     import json
     import time
 
-    from searchrl.data.catalog import load_dataset, open_named_index
+    from searchrl.data.catalog import load_dataset
+    from searchrl.retrieval import open_retriever
 
     questions = load_dataset(dataset)
     if limit is not None:
         questions = questions[:limit]
     _with_support(questions)  # fail before building an index for nothing
-    retriever = open_named_index(index)
+    retriever = open_retriever(index)
     started = time.perf_counter()
     try:
         result = recall_at_k(questions, retriever, k, progress=not as_json)

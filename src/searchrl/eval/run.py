@@ -35,12 +35,14 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from searchrl.config import StrictModel, dump_config
+from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.data.types import Passage, Question
 from searchrl.errors import SearchRLError
 from searchrl.eval.answer_prompts import answer_prompt
-from searchrl.protocol import Protocol, ProtocolConfig, TagSet
+from searchrl.protocol import Protocol, ProtocolConfig
+from searchrl.retrieval import open_retriever
 from searchrl.retrieval.base import Retriever
-from searchrl.rollout.trajectory import Segment, Trajectory
+from searchrl.tags import TagSet
 
 METHODS = ("agent", "rag", "direct")
 
@@ -120,19 +122,6 @@ class EvalConfig(StrictModel):
 
 # ----------------------------------------------------------------------------------------------
 # Retrievers
-
-
-def open_retriever(index: str | None, url: str | None, api: str = "native") -> Retriever:
-    """A local index (catalog name or folder) or a retrieval server; exactly one must be given."""
-    if (index is None) == (url is None):
-        raise SearchRLError("give exactly one of --index NAME_OR_DIR or --retriever-url URL")
-    if url is not None:
-        from searchrl.retrieval.http import HttpRetriever
-
-        return HttpRetriever(url, api=api)
-    from searchrl.data.catalog import open_named_index
-
-    return open_named_index(index)
 
 
 class NoRetriever(Retriever):
@@ -341,7 +330,7 @@ def run_eval(cfg: EvalConfig, progress: bool = True, backend=None) -> dict:
         from searchrl.rollout.backend import make_backend
 
         backend = make_backend(cfg.backend, cfg.model)
-    retriever = open_retriever(cfg.index, cfg.retriever_url, cfg.retriever_api) if cfg.method != "direct" else None
+    retriever = open_retriever(cfg.retriever_url or cfg.index, cfg.retriever_api) if cfg.method != "direct" else None
     started = time.perf_counter()
     try:
         trajs = generate(cfg, questions, backend, retriever, progress=progress)

@@ -18,11 +18,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from searchrl.data.trajectory import Segment
 from searchrl.errors import DataError
 from searchrl.eval.view_assets import CSS, JS
 from searchrl.metrics import answer_scores
-from searchrl.protocol import TAG_PRESETS, get_tags, segments_from_text
-from searchrl.rollout.trajectory import Segment
+from searchrl.tags import TAG_PRESETS, get_tags, segments_from_text
 
 ENV_LABEL = "inserted by the environment (not trained on)"
 

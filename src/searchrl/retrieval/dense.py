@@ -20,7 +20,7 @@ from searchrl.assets import load_embedder
 from searchrl.data.types import Passage
 from searchrl.errors import SearchRLError
 from searchrl.retrieval.base import Retriever
-from searchrl.retrieval.index import INDEX_KINDS, BuildOptions
+from searchrl.retrieval.kinds import INDEX_KINDS, BuildOptions
 from searchrl.retrieval.store import (
     Passages,
     PassageStore,

@@ -1,7 +1,6 @@
 """Build an index folder from passages, and open one as a `Retriever`.
 
-Index kinds live in `INDEX_KINDS` (bm25, dense); each registered class provides
-`build_from(passages, options) -> index` with `save(folder)`, and `load(folder, mmap) -> index`.
+Index kinds (bm25, dense) register themselves in `searchrl.retrieval.kinds.INDEX_KINDS`.
 """
 
 from __future__ import annotations
@@ -10,30 +9,17 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 from searchrl.data.types import Passage
 from searchrl.errors import SearchRLError
-from searchrl.registry import Registry
 from searchrl.retrieval.base import Retriever
+from searchrl.retrieval.kinds import INDEX_KINDS, BuildOptions
 from searchrl.retrieval.store import PassageStore, read_manifest
-
-INDEX_KINDS: Registry[type] = Registry("index kind")
-
-
-@dataclass(frozen=True)
-class BuildOptions:
-    """Everything a kind may need to build; each kind reads the fields that concern it."""
-
-    embedder: str = "minilm"
-    factory: str = "Flat"
-    batch_size: int = 64
-    progress: bool = True
 
 
 def _register_builtin_kinds() -> None:
-    # Imported here, not at the top: the kinds import this module for the registry.
+    # Imported on use: each kind brings its own heavy library (bm25s, faiss).
     import searchrl.retrieval.bm25
     import searchrl.retrieval.dense  # noqa: F401
 

@@ -25,7 +25,6 @@ import contextlib
 import logging
 import threading
 import time
-from pathlib import Path
 
 from fastapi import FastAPI, HTTPException, Response
 from pydantic import BaseModel, ConfigDict, Field
@@ -180,22 +179,6 @@ def create_app(retriever: Retriever, limits: ServerLimits | None = None) -> Fast
         return {"status": "ok", "kind": kind, "passages": _passage_count(retriever)}
 
     return app
-
-
-def open_index_or_name(spec: str) -> Retriever:
-    """An index directory written by `build_index`, else a catalog name (`toyworld`, `localwiki`)."""
-    path = Path(spec).expanduser()
-    if path.is_dir():
-        from searchrl.retrieval.index import open_index
-
-        return open_index(path)
-    if "/" in spec or path.suffix:
-        raise SearchRLError(
-            f"index directory {spec} does not exist; build one with `searchrl index build`"
-        )
-    from searchrl.data.catalog import open_named_index  # heavy: only when a name is given
-
-    return open_named_index(spec)
 
 
 def serve(

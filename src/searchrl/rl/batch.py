@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from searchrl.rollout.trajectory import Trajectory
+from searchrl.data.trajectory import Trajectory
 
 
 @dataclass

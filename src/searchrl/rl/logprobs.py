@@ -20,11 +20,16 @@ Values at non-policy positions are 0: nothing reads them.
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 from torch import Tensor
 
+from searchrl.compat import (
+    cache_kwarg,
+    cache_tensors,
+    dynamic_cache,
+    output_cache,
+    takes_logits_to_keep,
+)
 from searchrl.rl.batch import RolloutBatch, group_chunks, group_order
 from searchrl.rl.losses import entropy_from_logits, token_logprobs
 
@@ -47,28 +52,10 @@ def _split_head(model):
     return decoder, head
 
 
-def _cache_kw(module) -> str:
-    base = module.get_base_model() if hasattr(module, "get_base_model") else module  # peft wraps it
-    # transformers 5 renamed `past_key_values` to `cache` and kept the old name deprecated.
-    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
-
-
-def _cache_of(output):
-    return output["cache"] if "cache" in output else output["past_key_values"]
-
-
 def _expand_cache(cache, b: int):
     """A cache holding one row's keys/values as a view repeated over `b` rows."""
-    from transformers import DynamicCache
-
-    if hasattr(cache, "layers"):
-        layers = [(layer.keys, layer.values) for layer in cache.layers]
-    else:
-        layers = list(zip(cache.key_cache, cache.value_cache))
-    expanded = [(k.expand(b, -1, -1, -1), v.expand(b, -1, -1, -1)) for k, v in layers]  # [b, heads, p, D]
-    if hasattr(DynamicCache, "from_legacy_cache"):  # transformers 4.x
-        return DynamicCache.from_legacy_cache(tuple(expanded))
-    return DynamicCache(ddp_cache_data=expanded)
+    expanded = [(k.expand(b, -1, -1, -1), v.expand(b, -1, -1, -1)) for k, v in cache_tensors(cache)]  # [b, heads, p, D]
+    return dynamic_cache(expanded)
 
 
 def _scores(logits: Tensor, labels: Tensor, temperature: float, with_entropy: bool, entropy_grad: bool):
@@ -110,8 +97,7 @@ def response_logprobs(
         hidden = decoder(**inputs).last_hidden_state[:, p - 1 : p - 1 + t]  # [b, T, H]
         return _at_policy_tokens(hidden, head, mb, temperature, with_entropy, entropy_grad)
     # Only the last T + 1 columns' logits: the prompt's would be the largest tensor of the step.
-    keep = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in inspect.signature(model.forward).parameters), None)
-    out = model(**inputs, **({keep: t + 1} if keep else {}))
+    out = model(**inputs, **({"logits_to_keep": t + 1} if takes_logits_to_keep(model) else {}))
     logits = out.logits[:, -(t + 1) : -1]  # [b, T, V]: column P - 1 + j predicts response token j
     return _scores(logits, mb.labels, temperature, with_entropy, entropy_grad)
 
@@ -138,7 +124,7 @@ def shared_prompt_logprobs(
     split = _split_head(model)
     net = split[0] if split is not None else model
     first = net(input_ids=prompt, use_cache=True)
-    out = net(**response, **{_cache_kw(net): _expand_cache(_cache_of(first), b)})
+    out = net(**response, **{cache_kwarg(net): _expand_cache(output_cache(first), b)})
     if split is not None:
         # The prompt's last position predicts response token 0; response column j predicts j + 1.
         last = first.last_hidden_state[:, -1:].expand(b, 1, -1)

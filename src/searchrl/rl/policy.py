@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from searchrl.compat import checkpointing_layers, enable_checkpointing
 from searchrl.errors import SearchRLError
 from searchrl.rl.config import TrainConfig
 
@@ -65,11 +66,7 @@ def load_policy(cfg: TrainConfig, checkpoint: Path | None = None, lora_resume: b
         raise SearchRLError(f"{checkpoint} holds a LoRA adapter; resume with algorithm.lora.enabled=true")
     if cfg.algorithm.gradient_checkpointing:
         # Non-reentrant checkpointing needs no input that requires grad (frozen embeddings, LoRA).
-        kwargs = {"use_reentrant": False}
-        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5 name
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        enable_checkpointing(model, use_reentrant=False)
     model.eval()
     return model, tokenizer
 
@@ -125,8 +122,5 @@ def set_update_mode(model, gradient_checkpointing: bool) -> None:
     model.eval()
     if not gradient_checkpointing:
         return
-    from transformers.modeling_layers import GradientCheckpointingLayer
-
-    for module in model.modules():
-        if isinstance(module, GradientCheckpointingLayer):
-            module.training = True
+    for layer in checkpointing_layers(model):
+        layer.training = True

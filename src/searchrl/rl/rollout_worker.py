@@ -10,13 +10,13 @@ hands it the actor's new weights (`sync_weights`).
 
 from __future__ import annotations
 
+from searchrl.data.trajectory import Trajectory
 from searchrl.data.types import Question
 from searchrl.protocol import Protocol
 from searchrl.retrieval.base import Retriever
 from searchrl.rl.actor import Actor
 from searchrl.rollout.backend import GenerationBackend
 from searchrl.rollout.engine import RolloutConfig, RolloutEngine
-from searchrl.rollout.trajectory import Trajectory
 
 
 class RolloutWorker:

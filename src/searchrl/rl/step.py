@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from searchrl.data.trajectory import STOP_REASONS, Trajectory
 from searchrl.data.types import Question
 from searchrl.metrics import ANSWER_METRICS
 from searchrl.rewards import FORMAT_RULES, RewardBreakdown, compute_reward
@@ -31,7 +32,6 @@ from searchrl.rl.batch import RolloutBatch, make_batch
 from searchrl.rl.config import StageConfig
 from searchrl.rl.losses import kl_penalty, masked_mean
 from searchrl.rl.rollout_worker import RolloutWorker
-from searchrl.rollout.trajectory import STOP_REASONS, Trajectory
 
 # Keys of a step record that measure time, not learning (they differ between identical runs).
 TIMING_KEYS = ("step_seconds", "rollout_seconds", "logprob_seconds", "update_seconds", "tokens_per_s")

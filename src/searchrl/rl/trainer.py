@@ -20,13 +20,14 @@ from searchrl.config import dump_config
 from searchrl.data.types import Question
 from searchrl.errors import SearchRLError
 from searchrl.protocol import Protocol
+from searchrl.retrieval import open_retriever
 from searchrl.rl import checkpoint as ckpt
 from searchrl.rl.actor import Actor
 from searchrl.rl.config import TrainConfig
-from searchrl.rl.logging import RunLogger, truncate_metrics
 from searchrl.rl.rollout_worker import RolloutWorker
 from searchrl.rl.sampler import PromptSampler
 from searchrl.rl.step import StepIndex, train_step
+from searchrl.runlog import RunLogger, truncate_metrics
 
 
 def stage_questions(stage_cfg) -> list[Question]:
@@ -96,8 +97,6 @@ def train(cfg: TrainConfig, resume: Path | None = None, stages: list[int] | None
     `resume`: a run directory; training continues after its newest complete checkpoint with the
     saved optimizer, RNG and data position, so the finished run equals an uninterrupted one.
     """
-    from searchrl.eval.run import open_retriever
-
     run_dir, state, state_dir = _open_run(cfg, resume)
     plan = state.plan if state is not None and stages is None else _stage_plan(cfg, stages)
     cfg = cfg.model_copy(update={"out": str(run_dir)})
@@ -116,7 +115,7 @@ def train(cfg: TrainConfig, resume: Path | None = None, stages: list[int] | None
     actor = Actor.load(cfg, state_dir, lora_resume=bool(state and state.lora))
     if state is not None:
         ckpt.set_rng_state(state.rng)
-    retriever = open_retriever(cfg.retrieval.index, cfg.retrieval.url, cfg.retrieval.api)
+    retriever = open_retriever(cfg.retrieval.url or cfg.retrieval.index, cfg.retrieval.api)
     worker = RolloutWorker.create(actor, retriever, Protocol.from_config(cfg.protocol))
     logger = RunLogger(run_dir, cfg.logging.tensorboard, purge_step=state.step + 1 if state else None, echo=cfg.logging.progress)
     metrics_lines = state.metrics_lines if state else 0

@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from pydantic import Field
 
 from searchrl.config import StrictModel
+from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.data.types import Question
-from searchrl.protocol import Protocol, TagSet, get_tags
+from searchrl.protocol import Protocol
 from searchrl.retrieval.base import Retriever
 from searchrl.rollout.backend import GenerationBackend, SamplingParams
-from searchrl.rollout.trajectory import Segment, Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -104,13 +104,11 @@ class RolloutEngine:
         self,
         backend: GenerationBackend,
         retriever: Retriever,
-        protocol: Protocol | TagSet | str = "r1searcher",
+        protocol: Protocol,
         cfg: RolloutConfig | None = None,
     ) -> None:
         self.backend = backend
         self.retriever = retriever
-        if not isinstance(protocol, Protocol):
-            protocol = Protocol(tags=get_tags(protocol))
         self.protocol = protocol
         self.tags = protocol.tags
         self.cfg = cfg or RolloutConfig()

@@ -30,13 +30,13 @@ of the policy. Greedy decoding reports `log_softmax(logits)`.
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
+from searchrl.compat import cache_kwarg, takes_logits_to_keep
 from searchrl.rollout.backend import (
     BACKENDS,
     BackendStats,
@@ -88,10 +88,8 @@ class HFBackend(GenerationBackend):
             if src is not None:
                 eos.update(src if isinstance(src, (list, tuple)) else [src])
         self._eos = frozenset(int(e) for e in (eos if eos_token_ids is None else eos_token_ids))
-        params = inspect.signature(model.forward).parameters
-        # transformers 5 renamed `past_key_values` to `cache` and kept the old name deprecated.
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
-        self._keep_kw = "logits_to_keep" if "logits_to_keep" in params else "num_logits_to_keep"
+        self._cache_kw = cache_kwarg(model)
+        self._keep_last = {"logits_to_keep": 1} if takes_logits_to_keep(model) else {}
 
     @classmethod
     def from_model_name(cls, name: str, **kwargs) -> HFBackend:
@@ -257,7 +255,7 @@ class HFBackend(GenerationBackend):
             attention_mask=group.mask,
             position_ids=position_ids,
             use_cache=True,
-            **{self._cache_kw: group.cache, self._keep_kw: 1},
+            **{self._cache_kw: group.cache, **self._keep_last},
         )
         return out.logits[:, -1, :]
 

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
+from searchrl.compat import cache_tensors
+
 
 @dataclass
 class Group:
@@ -38,18 +40,9 @@ class Group:
 
 def make_cache(kv):
     """A cache holding `kv` (per layer [B, H, L, D]); empty when `kv` is []."""
-    layer_cls = _growing_layer_class()
-    if layer_cls is None:  # transformers without cache layers: the stock DynamicCache
-        from transformers import DynamicCache
-
-        if not kv:
-            return DynamicCache()
-        if hasattr(DynamicCache, "from_legacy_cache"):
-            return DynamicCache.from_legacy_cache(tuple(kv))
-        return DynamicCache(ddp_cache_data=kv)
     from transformers.cache_utils import Cache
 
-    cache = Cache(layer_class_to_replicate=layer_cls)
+    cache = Cache(layer_class_to_replicate=_growing_layer_class())
     for i, (k, v) in enumerate(kv):
         cache.update(k, v, i)
     return cache
@@ -64,15 +57,13 @@ def _growing_layer_class():
     cache every step. The stock layer copies all keys/values of every layer at every decode step,
     which at 1.5k cached tokens costs more than the forward pass itself on CPU (measured 4.0 vs
     1.45 s/step at batch 16, SmolLM2-135M). Capacity grows by a quarter (at least 256 columns),
-    so copies are rare and memory overhead is bounded. None on transformers without layers."""
+    so copies are rare and memory overhead is bounded."""
     global _GROWING_LAYER
     if _GROWING_LAYER is not None:
         return _GROWING_LAYER
-    try:
-        from transformers.cache_utils import Cache, DynamicLayer  # noqa: F401
-    except ImportError:
-        return None
+    from transformers.cache_utils import DynamicLayer
 
+    # Built on 5.x's DynamicLayer (`is_initialized`, `lazy_initialization(keys, values)`); 4.57's differs.
     class GrowingLayer(DynamicLayer):
         def update(self, key_states, value_states, *args, **kwargs):
             if not self.is_initialized:
@@ -96,12 +87,6 @@ def _growing_layer_class():
 
     _GROWING_LAYER = GrowingLayer
     return GrowingLayer
-
-
-def cache_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    if hasattr(cache, "layers"):
-        return [(layer.keys, layer.values) for layer in cache.layers]
-    return list(zip(cache.key_cache, cache.value_cache))
 
 
 def plan_buckets(lengths: Sequence[int], tolerance: float) -> list[list[int]]:

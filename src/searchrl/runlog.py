@@ -1,6 +1,6 @@
-"""Per-step metrics of a run: one JSON object per line in `metrics.jsonl` (the record plots and
-comparisons read), mirrored to TensorBoard under `tb/` when `tensorboard` is installed, and a
-one-line summary on stderr."""
+"""Per-step metrics of a run: one JSON object per line in `metrics.jsonl` (written by the trainer,
+read by plots, comparisons and the demo), mirrored to TensorBoard under `tb/` when `tensorboard`
+is installed, and a one-line summary on stderr."""
 
 from __future__ import annotations
 
