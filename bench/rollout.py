@@ -35,7 +35,8 @@ from searchrl.assets import load_model
 from searchrl.data.catalog import load_dataset
 from searchrl.protocol import Protocol
 from searchrl.retrieval import open_retriever
-from searchrl.rollout.engine import RolloutConfig, RolloutEngine
+from searchrl.rollout.config import RolloutConfig
+from searchrl.rollout.engine import RolloutEngine
 from searchrl.rollout.hf_backend import HFBackend, plan_buckets
 
 

@@ -88,7 +88,7 @@ def run_ours(args) -> dict:
     from searchrl.rl.config import AlgorithmConfig, LoggingConfig, StageConfig, TrainConfig
     from searchrl.rl.rollout_worker import RolloutWorker
     from searchrl.rl.trainer import step_seed
-    from searchrl.rollout.engine import RolloutConfig
+    from searchrl.rollout.config import RolloutConfig
     from searchrl.rollout.hf_backend import HFBackend
 
     questions, _, protocol = workload(args)

@@ -112,7 +112,7 @@ def test_graph_covers_the_package():
     top, _ = _graphs()
     assert {"searchrl", "searchrl.tags", "searchrl.protocol", "searchrl.eval.run"} <= set(top)
     assert "searchrl.tags" in top["searchrl.prompts"]  # `from searchrl.tags import ...`
-    assert "searchrl.rollout.engine" in top["searchrl.rl.config"]
+    assert "searchrl.rollout.config" in top["searchrl.rl.config"]
 
 
 def test_module_level_imports_have_no_cycle():

@@ -14,7 +14,8 @@ from searchrl.protocol import Protocol
 from searchrl.retrieval.base import Retriever
 from searchrl.rollout import kv_groups
 from searchrl.rollout.backend import BACKENDS, SamplingParams
-from searchrl.rollout.engine import RolloutConfig, RolloutEngine
+from searchrl.rollout.config import RolloutConfig
+from searchrl.rollout.engine import RolloutEngine
 from searchrl.rollout.hf_backend import HFBackend, plan_buckets, sample_tokens
 from searchrl.rollout.scripted import ScriptedBackend
 from searchrl.tags import SEARCH_R1_TAGS, format_documents

