@@ -1,14 +1,18 @@
 """Retrieval: corpus reading and chunking, BM25 and dense indexes, the HTTP server and client.
 
 `open_retriever(source)` is the one way from what a user writes (a catalog index name, an index
-directory, a server URL) to a `Retriever`.
+directory, a server URL) to a `Retriever`; `RetrievalConfig` is how every command configures it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 from urllib.parse import urlsplit
 
+from pydantic import Field, model_validator
+
+from searchrl.config import StrictModel
 from searchrl.errors import SearchRLError
 from searchrl.retrieval.base import Retriever
 
@@ -37,3 +41,35 @@ def open_retriever(source: str, api: str = "native") -> Retriever:
     from searchrl.data.catalog import named_index_dir
 
     return open_index(named_index_dir(source))
+
+
+class RetrievalConfig(StrictModel):
+    """Where searches go: a local index (searched in-process) or a retrieval server. Neither is
+    valid where nothing is retrieved (`eval run --method direct`); the commands that search check
+    that one is set and say how."""
+
+    index: str | None = Field(
+        None, description="Catalog index (toyworld, localwiki, localwiki-dense) or an index directory; null when `url` is set."
+    )
+    url: str | None = Field(
+        None, description="Retrieval server URL (`searchrl serve`, R1-Searcher or Search-R1 servers); the paper's setup for 7B runs, one server shared by all trainers."
+    )
+    api: Literal["native", "r1searcher", "search-r1"] = Field(
+        "native", description="Server API: native (/search), r1searcher (/queries), search-r1 (/retrieve)."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> RetrievalConfig:
+        if self.index is not None and self.url is not None:
+            raise ValueError("give either retrieval.index or retrieval.url (--index or --retriever-url), not both")
+        return self
+
+    @property
+    def source(self) -> str | None:
+        """The index or URL searches go to; None when neither is set."""
+        return self.url if self.url is not None else self.index
+
+    def open(self) -> Retriever:
+        if self.source is None:
+            raise SearchRLError("no retriever configured: set retrieval.index (e.g. toyworld) or retrieval.url")
+        return open_retriever(self.source, self.api)

@@ -14,26 +14,9 @@ from pydantic import Field, field_validator, model_validator
 
 from searchrl.config import StrictModel
 from searchrl.protocol import ProtocolConfig
+from searchrl.retrieval import RetrievalConfig
 from searchrl.rewards import RewardConfig
 from searchrl.rollout.config import RolloutConfig
-
-
-class RetrievalConfig(StrictModel):
-    """Where searches go during training: a local index (in-process) or a retrieval server."""
-
-    index: str | None = Field(
-        "toyworld", description="Catalog index (toyworld, localwiki, localwiki-dense) or an index directory; null when `url` is set."
-    )
-    url: str | None = Field(
-        None, description="Retrieval server URL (`searchrl serve`, R1-Searcher or Search-R1 servers); the paper's setup for 7B runs, one server shared by all trainers."
-    )
-    api: str = Field("native", description="Server API: native (/search), r1searcher (/queries), search-r1 (/retrieve).")
-
-    @model_validator(mode="after")
-    def _one_source(self) -> RetrievalConfig:
-        if (self.index is None) == (self.url is None):
-            raise ValueError("set exactly one of retrieval.index and retrieval.url (the other to null)")
-        return self
 
 
 class LoraConfig(StrictModel):
@@ -154,7 +137,9 @@ class TrainConfig(StrictModel):
         default_factory=RolloutConfig,
         description="Generation settings (k, searches, budgets, temperature, top-p). samples_per_question and seed are set per stage/step by the trainer.",
     )
-    retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig, description="Search backend during training.")
+    retrieval: RetrievalConfig = Field(
+        default_factory=lambda: RetrievalConfig(index="toyworld"), description="Search backend during training."
+    )
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="Advantages, loss, KL, optimizer.")
     stage1: StageConfig = Field(default_factory=_stage1, description="Stage 1: learn to call search (R_retrieve + R_format).")
     stage2: StageConfig = Field(default_factory=_stage2, description="Stage 2: learn to use the results (R_answer + R_format); starts from Stage 1's weights.")
@@ -168,6 +153,13 @@ class TrainConfig(StrictModel):
         if self.rollout.greedy:
             raise ValueError("rollout.greedy must be false for training: a group of identical samples has no baseline signal")
         return self
+
+    @field_validator("retrieval")
+    @classmethod
+    def _searches(cls, v: RetrievalConfig) -> RetrievalConfig:
+        if v.source is None:
+            raise ValueError("training searches: set retrieval.index (a catalog index such as toyworld, or an index directory) or retrieval.url")
+        return v
 
     def stage(self, number: int) -> StageConfig:
         return {1: self.stage1, 2: self.stage2}[number]
