@@ -53,21 +53,21 @@ def resolve_config_path(name: str) -> Path:
     raise SearchRLError(f"config {name!r} is neither a file nor a packaged config ({known})")
 
 
-def _evaluate(label: str, model: str, method: str, url: str, train_cfg, cfg: DemoConfig, out: Path, backend):
-    from searchrl.eval.run import EvalConfig, run_eval
+def _evaluate(label: str, model: str, method: str, train_cfg, cfg: DemoConfig, out: Path, backend) -> Path:
+    """Evaluate `model` as it trained: the training run's protocol, retrieval and rollout settings,
+    decoded greedily within the demo's evaluation budget."""
+    from searchrl.eval.run import EVAL_ROLLOUT, EvalConfig, run_eval
 
     ecfg = EvalConfig(
         method=method,
         model=model,
         dataset=cfg.dataset,
         limit=cfg.eval_limit,
-        retriever_url=url,
-        k=train_cfg.rollout.k,
-        tags=train_cfg.protocol.tags,
-        template=train_cfg.protocol.template,
-        doc_style=train_cfg.protocol.doc_style,
-        max_searches=train_cfg.rollout.max_searches,
-        max_new_tokens=cfg.eval_max_new_tokens,
+        protocol=train_cfg.protocol,
+        rollout=train_cfg.rollout.model_copy(
+            update={"greedy": True, "max_new_tokens": cfg.eval_max_new_tokens, "batch_size": EVAL_ROLLOUT["batch_size"]}
+        ),
+        retrieval=train_cfg.retrieval,
         require_think=train_cfg.stage2.reward.require_think,  # the format rules the model trained on
         out=str(out / f"eval-{label}-{method}"),
     )
@@ -179,9 +179,9 @@ def run_demo(cfg: DemoConfig, overrides: Sequence[str] = ()) -> Path:
         )
 
         console.rule("3. the untrained model")
-        backend = make_backend("hf", train_cfg.model)
+        backend = make_backend(train_cfg.rollout.backend, train_cfg.model)
         eval_dirs = [
-            _evaluate("untrained", train_cfg.model, method, url, train_cfg, cfg, out, backend)
+            _evaluate("untrained", train_cfg.model, method, train_cfg, cfg, out, backend)
             for method in ("agent", "rag")
         ]
         backend.close()
@@ -195,9 +195,9 @@ def run_demo(cfg: DemoConfig, overrides: Sequence[str] = ()) -> Path:
             if final is None:
                 raise SearchRLError(f"training wrote no checkpoint under {run_dir}")
             console.rule("5. the trained model")
-            trained = make_backend("hf", str(final))
+            trained = make_backend(train_cfg.rollout.backend, str(final))
             eval_dirs += [
-                _evaluate("trained", str(final), method, url, train_cfg, cfg, out, trained)
+                _evaluate("trained", str(final), method, train_cfg, cfg, out, trained)
                 for method in ("agent", "rag")
             ]
             trained.close()

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 
+from searchrl.config import load_config
 from searchrl.demo import DemoConfig, resolve_config_path, run_demo, stage_summary
 from searchrl.errors import SearchRLError
+from searchrl.rl.config import TrainConfig
 from searchrl.runlog import read_metrics
 
 
@@ -40,11 +43,17 @@ def test_packaged_config_resolves_and_unknown_is_a_clear_error(tmp_path):
 
 def test_demo_without_training_serves_evaluates_and_reports(tmp_path):
     out = run_demo(DemoConfig(out=str(tmp_path / "demo"), eval_limit=2, eval_max_new_tokens=16, train=False), ["model=tiny-random"])
+    train = load_config(TrainConfig, resolve_config_path("demo-cpu"), ["model=tiny-random"])
     for method in ("agent", "rag"):
         metrics = json.loads((out / f"eval-untrained-{method}" / "metrics.json").read_text())
         assert metrics["n"] == 2 and metrics["method"] == method
         # Every search went through the in-process HTTP server.
         assert metrics["retriever"].startswith("http://127.0.0.1:")
+        # The evaluation speaks the training protocol and searches as training does, greedily within its budget.
+        saved = yaml.safe_load((out / f"eval-untrained-{method}" / "config.yaml").read_text())
+        assert saved["protocol"] == train.protocol.model_dump()
+        assert saved["rollout"] == {**train.rollout.model_dump(), "greedy": True, "max_new_tokens": 16, "batch_size": 16}
+        assert saved["retrieval"] == {"index": None, "url": metrics["retriever"], "api": train.retrieval.api}
     report = (out / "report.md").read_text()
     assert "Before and after training" in report and "untrained" in report
 

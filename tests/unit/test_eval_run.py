@@ -20,6 +20,7 @@ from searchrl.errors import SearchRLError
 from searchrl.eval.compare import compare_markdown
 from searchrl.eval.run import EvalConfig, answer_prompt, predict, run_eval
 from searchrl.eval.score import score_file
+from searchrl.retrieval import RetrievalConfig
 from searchrl.retrieval.index import build_index, open_index
 from searchrl.rollout.backend import SamplingParams
 from searchrl.rollout.scripted import ScriptedBackend
@@ -89,7 +90,8 @@ def answer_policy(text: str) -> str:
 def _cfg(world, tmp_path, method, **kw):
     index, questions = world
     retrieval = {} if method == "direct" else {"index": str(index)}
-    return EvalConfig(method=method, dataset=str(questions), tags="search-r1", k=2, out=str(tmp_path / method), **retrieval, **kw)
+    return EvalConfig(method=method, dataset=str(questions), protocol={"tags": "search-r1"}, rollout={"k": 2},
+                      retrieval=retrieval, out=str(tmp_path / method), **kw)
 
 
 def _lines(path):
@@ -183,12 +185,21 @@ def test_prompts_and_prediction_rules():
 def test_config_errors(world):
     index, _ = world
     with pytest.raises(ValueError, match="not both"):
-        EvalConfig(index=str(index), retriever_url="http://127.0.0.1:1")
+        EvalConfig(retrieval={"index": str(index), "url": "http://127.0.0.1:1"})
     with pytest.raises(ValueError, match="give an index"):
         EvalConfig(method="rag")
     with pytest.raises(SearchRLError, match="unknown prompt template"):
-        EvalConfig(method="direct", template="nope")
-    assert EvalConfig(method="direct").index is None  # direct needs no retriever
+        EvalConfig(method="direct", protocol={"template": "nope"})
+    with pytest.raises(ValueError, match="samples_per_question must be 1"):
+        EvalConfig(method="direct", rollout={"samples_per_question": 2})
+    assert EvalConfig(method="direct").retrieval.source is None  # direct needs no retriever
+
+
+def test_eval_rollout_defaults_hold_when_only_some_keys_are_given():
+    expected = {"greedy": True, "k": 5, "max_searches": 8, "max_new_tokens": 512, "batch_size": 16}
+    assert EvalConfig(method="direct").rollout.model_dump(include=set(expected)) == expected
+    partial = EvalConfig(method="direct", rollout={"k": 3}).rollout
+    assert partial.model_dump(include=set(expected)) == {**expected, "k": 3}  # not RolloutConfig's training defaults
 
 
 # -------------------------------------------------------------------------------- the CLI
@@ -231,7 +242,9 @@ def test_cli_tiny_random_writes_four_files(world, tmp_path, method):
     assert metrics["mean_searches"] == sum(r["n_searches"] for r in recs) / 3
     assert metrics["format_ok_rate"] == sum(r["format_ok"] for r in recs) / 3
     config = yaml.safe_load((out / "config.yaml").read_text())
-    assert (config["method"], config["limit"], config["max_new_tokens"], config["dump_tokens"]) == (method, 3, 12, True)
+    assert (config["method"], config["limit"], config["rollout"]["max_new_tokens"], config["dump_tokens"]) == (method, 3, 12, True)
+    assert (config["protocol"]["tags"], config["rollout"]["greedy"]) == ("search-r1", True)
+    assert config["retrieval"]["index"] == (None if method == "direct" else str(world[0]))
     md = (out / "metrics.md").read_text()
     assert md.startswith("| metric | value |") and f"| method | {method} |" in md
 
@@ -240,12 +253,13 @@ def test_cli_config_file_and_overrides(world, tmp_path):
     _, questions = world
     cfg = tmp_path / "eval.yaml"
     cfg.write_text(yaml.safe_dump({"method": "direct", "model": "tiny-random", "dataset": str(questions), "limit": 1,
-                                   "max_new_tokens": 20}))
-    result = runner.invoke(app, ["eval", "run", "--config", str(cfg), "--set", "max_new_tokens=4",
+                                   "rollout": {"max_new_tokens": 20, "k": 4}}))
+    result = runner.invoke(app, ["eval", "run", "--config", str(cfg), "--set", "rollout.max_new_tokens=4",
                                  "--limit", "2", "--out", str(tmp_path / "o"), "--json"])
     assert result.exit_code == 0, result.output
     saved = yaml.safe_load((tmp_path / "o" / "config.yaml").read_text())
-    assert (saved["method"], saved["limit"], saved["max_new_tokens"]) == ("direct", 2, 4)
+    assert (saved["method"], saved["limit"], saved["rollout"]["max_new_tokens"]) == ("direct", 2, 4)
+    assert (saved["rollout"]["k"], saved["rollout"]["batch_size"], saved["rollout"]["greedy"]) == (4, 16, True)
     assert json.loads((tmp_path / "o" / "metrics.json").read_text())["n"] == 2
 
 
@@ -364,7 +378,7 @@ def test_rag_through_a_retrieval_server_matches_the_local_index(world, tmp_path,
     index, _ = world
     local = run_eval(_cfg(world, tmp_path / "local", "rag"), progress=False, backend=ScriptedBackend(tokenizer, answer_policy))
     with serve_in_background(open_index(index)) as url:
-        cfg = _cfg(world, tmp_path / "http", "rag").model_copy(update={"index": None, "retriever_url": url, "retriever_api": api})
+        cfg = _cfg(world, tmp_path / "http", "rag").model_copy(update={"retrieval": RetrievalConfig(url=url, api=api)})
         remote = run_eval(cfg, progress=False, backend=ScriptedBackend(tokenizer, answer_policy))
     ids = [[r["retrieved_ids"] for r in _lines(tmp_path / where / "rag" / "predictions.jsonl")] for where in ("local", "http")]
     assert ids[0] == ids[1]

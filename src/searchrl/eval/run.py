@@ -30,9 +30,9 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
 from searchrl.config import StrictModel, dump_config
 from searchrl.data.trajectory import Segment, Trajectory
@@ -40,8 +40,9 @@ from searchrl.data.types import Passage, Question
 from searchrl.errors import SearchRLError
 from searchrl.eval.answer_prompts import answer_prompt
 from searchrl.protocol import Protocol, ProtocolConfig
-from searchrl.retrieval import open_retriever
+from searchrl.retrieval import RetrievalConfig
 from searchrl.retrieval.base import Retriever
+from searchrl.rollout.config import RolloutConfig
 from searchrl.tags import TagSet
 
 METHODS = ("agent", "rag", "direct")
@@ -58,8 +59,21 @@ PERCENT_KEYS = (
 )
 
 
+# The paper evaluates greedily with k=5, at most 8 searches as in the authors' code.
+EVAL_ROLLOUT = {"greedy": True, "k": 5, "max_searches": 8, "max_new_tokens": 512, "batch_size": 16}
+
+
+def _eval_rollout(value):
+    # A rollout given in part (a flag, a file) keeps these defaults for the rest, not RolloutConfig's training ones.
+    return {**EVAL_ROLLOUT, **value} if isinstance(value, dict) else value
+
+
+EvalRollout = Annotated[RolloutConfig, BeforeValidator(_eval_rollout)]
+
+
 class EvalConfig(StrictModel):
-    """One evaluation run. Every field is also a `searchrl eval run` flag or a `--set key=value`."""
+    """One evaluation run. Every field is also a `--set key=value` (nested: `rollout.k=3`); the
+    common ones are `searchrl eval run` flags."""
 
     method: Literal["agent", "rag", "direct"] = Field(
         "agent",
@@ -67,35 +81,27 @@ class EvalConfig(StrictModel):
         "top-k with the question once, answer from the passages; direct: answer without retrieval.",
     )
     model: str = Field("smollm2-135m", description="Model name (smollm2-135m, tiny-random), folder or hub id.")
-    backend: str = Field("hf", description="Generation backend registry name (hf = transformers).")
     dataset: str = Field(
         "toyworld:test", description="Catalog dataset name, question file path, or hf:NAME[@CONFIG][:SPLIT]."
     )
     limit: int | None = Field(None, ge=1, description="Evaluate only the first N questions; None = all.")
-    index: str | None = Field(
-        None, description="Catalog index (toyworld, localwiki, localwiki-dense) or index directory."
+    protocol: ProtocolConfig = Field(
+        default_factory=ProtocolConfig,
+        description="Tags, prompt template, documents style. Rag/direct use their own answer prompt, in chat form "
+        "when the template is a chat one.",
     )
-    retriever_url: str | None = Field(
-        None, description="Retrieval server URL instead of a local index (searchrl serve, R1-Searcher, Search-R1)."
+    rollout: EvalRollout = Field(
+        default_factory=lambda: RolloutConfig(**EVAL_ROLLOUT),
+        description="Generation: backend, k (paper: 5 in evaluation), searches and policy tokens of an agent rollout, "
+        "batch size; greedy. Rag/direct serve no search and answer within answer_max_new_tokens.",
     )
-    retriever_api: Literal["native", "r1searcher", "search-r1"] = Field(
-        "native", description="API of the retrieval server: native (/search), r1searcher (/queries), search-r1 (/retrieve)."
+    retrieval: RetrievalConfig = Field(
+        default_factory=RetrievalConfig, description="Index or retrieval server; agent and rag need one, direct none."
     )
-    k: int = Field(5, ge=1, description="Passages per search (paper: 5 in evaluation).")
-    tags: str = Field("r1searcher", description="Tag preset: r1searcher (default) or search-r1 (what tiny models follow).")
-    template: str = Field(
-        "base",
-        description="Agent prompt template: base, chat, fewshot, fewshot-chat or a template file. Rag/direct "
-        "use their own answer prompt, in chat form when the template is a chat one.",
-    )
-    doc_style: str = Field("r1searcher", description="Documents lines: r1searcher or title-lines.")
-    max_searches: int = Field(8, ge=0, description="Searches served per agent rollout (paper's code: 8).")
-    max_new_tokens: int = Field(512, ge=1, description="Agent: policy tokens per question, all turns together.")
     answer_max_new_tokens: int = Field(
         64, ge=1, description="Rag/direct: tokens for the answer. It is a few words; small models run on past "
         "it into made-up dialogue, which a larger budget only makes slower (the first line is kept).",
     )
-    batch_size: int = Field(16, ge=1, description="Questions generated together (memory vs speed).")
     require_think: bool = Field(
         True, description="Format rule `think` in the format-OK rate; false as in training runs that drop it (the CPU demo)."
     )
@@ -106,18 +112,14 @@ class EvalConfig(StrictModel):
 
     @model_validator(mode="after")
     def _check(self) -> EvalConfig:
-        ProtocolConfig(tags=self.tags, template=self.template, doc_style=self.doc_style)
-        if self.index is not None and self.retriever_url is not None:
-            raise ValueError("give either index or retriever_url, not both")
-        if self.method != "direct" and self.index is None and self.retriever_url is None:
+        if self.method != "direct" and self.retrieval.source is None:
             raise ValueError(
                 f"method {self.method!r} retrieves: give an index (e.g. --index toyworld) or a "
-                "retriever_url (e.g. --retriever-url http://127.0.0.1:8000)"
+                "retriever URL (e.g. --retriever-url http://127.0.0.1:8000)"
             )
+        if self.rollout.samples_per_question != 1:
+            raise ValueError("rollout.samples_per_question must be 1: evaluation scores one prediction per question")
         return self
-
-    def protocol(self) -> Protocol:
-        return Protocol.named(self.tags, self.template, self.doc_style)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -176,27 +178,21 @@ def format_verdict(traj: Trajectory, method: str, protocol: Protocol, require_th
 
 
 def generate(cfg: EvalConfig, questions: Sequence[Question], backend, retriever: Retriever | None, progress: bool = True) -> list[Trajectory]:
-    """One greedy trajectory per question with `cfg.method`."""
-    from searchrl.rollout.engine import RolloutConfig, RolloutEngine
+    """One trajectory per question with `cfg.method`."""
+    from searchrl.rollout.engine import RolloutEngine
 
-    protocol = cfg.protocol()
-    rollout = RolloutConfig(
-        max_searches=cfg.max_searches if cfg.method == "agent" else 0,
-        k=cfg.k,
-        max_new_tokens=cfg.max_new_tokens if cfg.method == "agent" else cfg.answer_max_new_tokens,
-        greedy=True,
-        batch_size=cfg.batch_size,
-    )
+    protocol = Protocol.from_config(cfg.protocol)
     if cfg.method == "agent":
-        return RolloutEngine(backend, retriever, protocol, rollout).run(questions, progress=progress)
+        return RolloutEngine(backend, retriever, protocol, cfg.rollout).run(questions, progress=progress)
+    rollout = cfg.rollout.model_copy(update={"max_searches": 0, "max_new_tokens": cfg.answer_max_new_tokens})
     found: list[list[Passage]] | None = None
     if cfg.method == "rag":
         found = []
-        for start in range(0, len(questions), cfg.batch_size):
-            batch = questions[start : start + cfg.batch_size]
-            found.extend(retriever.search([q.question for q in batch], cfg.k))
+        for start in range(0, len(questions), rollout.batch_size):
+            batch = questions[start : start + rollout.batch_size]
+            found.extend(retriever.search([q.question for q in batch], rollout.k))
     prompts = [
-        answer_prompt(q.question, found[i] if found is not None else None, protocol.tags, cfg.template, backend.tokenizer)
+        answer_prompt(q.question, found[i] if found is not None else None, protocol.tags, protocol.template, backend.tokenizer)
         for i, q in enumerate(questions)
     ]
     trajs = RolloutEngine(backend, NoRetriever(), protocol, rollout).run(questions, prompts, progress=progress)
@@ -211,7 +207,7 @@ def records(cfg: EvalConfig, questions: Sequence[Question], trajs: Sequence[Traj
     """One predictions.jsonl record per trajectory: the trajectory plus gold, prediction, scores."""
     from searchrl.metrics import answer_scores
 
-    protocol = cfg.protocol()
+    protocol = Protocol.from_config(cfg.protocol)
     out = []
     for q, t in zip(questions, trajs):
         prediction = predict(t, cfg.method, protocol.tags)
@@ -271,10 +267,10 @@ def summarize(cfg: EvalConfig, recs: Sequence[dict], seconds: float) -> dict:
         "model": cfg.model,
         "method": cfg.method,
         "dataset": cfg.dataset,
-        "retriever": None if cfg.method == "direct" else cfg.retriever_url or cfg.index,
-        "k": cfg.k,
-        "tags": cfg.tags,
-        "template": cfg.template,
+        "retriever": None if cfg.method == "direct" else cfg.retrieval.source,
+        "k": cfg.rollout.k,
+        "tags": cfg.protocol.tags,
+        "template": cfg.protocol.template,
     }
 
 
@@ -329,8 +325,8 @@ def run_eval(cfg: EvalConfig, progress: bool = True, backend=None) -> dict:
     if backend is None:
         from searchrl.rollout.backend import make_backend
 
-        backend = make_backend(cfg.backend, cfg.model)
-    retriever = open_retriever(cfg.retriever_url or cfg.index, cfg.retriever_api) if cfg.method != "direct" else None
+        backend = make_backend(cfg.rollout.backend, cfg.model)
+    retriever = cfg.retrieval.open() if cfg.method != "direct" else None
     started = time.perf_counter()
     try:
         trajs = generate(cfg, questions, backend, retriever, progress=progress)
@@ -351,7 +347,8 @@ def run_eval(cfg: EvalConfig, progress: bool = True, backend=None) -> dict:
 
 
 def eval_command(config: str | None, overrides: Sequence[str], flags: dict, as_json: bool = False) -> dict:
-    """`searchrl eval run`: YAML file, then `--set` overrides, then the explicit flags win."""
+    """`searchrl eval run`: YAML file, then `--set` overrides, then the explicit flags win; `flags`
+    are keyed by their config keys (`rollout.k`)."""
     from searchrl.config import load_config
 
     pairs = list(overrides) + [f"{k}={json.dumps(v)}" for k, v in flags.items() if v is not None]
