@@ -16,11 +16,16 @@ import json
 import time
 from collections.abc import Callable, Sequence
 
+from pydantic import Field, field_validator
+
+from searchrl.config import StrictModel
 from searchrl.data.trajectory import Trajectory
 from searchrl.data.types import Passage, Question
-from searchrl.errors import SearchRLError
+from searchrl.protocol import ProtocolConfig
+from searchrl.retrieval import RetrievalConfig
 from searchrl.retrieval.base import Retriever
 from searchrl.rollout.backend import Continuation, GenerationBackend, SamplingParams
+from searchrl.rollout.config import EVAL_ROLLOUT, EvalRollout, RolloutConfig
 
 
 class StreamingBackend(GenerationBackend):
@@ -111,57 +116,61 @@ class AnnouncingRetriever(Retriever):
         self.inner.close()
 
 
+class AskConfig(StrictModel):
+    """One question answered live: `searchrl ask QUESTION [--config FILE] [flags]`."""
+
+    model: str = Field("smollm2-135m", description="smollm2-135m, tiny-random, a local folder or a hub id.")
+    protocol: ProtocolConfig = Field(default_factory=ProtocolConfig, description="Tags, prompt template, documents style.")
+    rollout: EvalRollout = Field(
+        default_factory=lambda: RolloutConfig(**EVAL_ROLLOUT),
+        description="Generation as in evaluation: greedy, k=5, at most 8 searches and 512 policy tokens. "
+        "greedy=false (--sample) samples with temperature and top_p, seeded by seed (--seed).",
+    )
+    retrieval: RetrievalConfig = Field(
+        default_factory=lambda: RetrievalConfig(index="toyworld"), description="Index or retrieval server; the toy world's index by default."
+    )
+
+    @field_validator("retrieval")
+    @classmethod
+    def _searches(cls, v: RetrievalConfig) -> RetrievalConfig:
+        if v.source is None:
+            raise ValueError("ask searches: give an index (e.g. --index toyworld) or a retriever URL (e.g. --retriever-url http://127.0.0.1:8000)")
+        return v
+
+
 def ask(
     question: str,
+    cfg: AskConfig | None = None,
     *,
-    model: str = "smollm2-135m",
-    index: str | None = None,
-    retriever_url: str | None = None,
-    retriever_api: str = "native",
-    tags: str = "r1searcher",
-    template: str = "base",
-    doc_style: str = "r1searcher",
-    k: int = 5,
-    max_searches: int = 8,
-    max_new_tokens: int = 512,
-    sample: bool = False,
-    seed: int | None = None,
     as_json: bool = False,
     console=None,
     backend: GenerationBackend | None = None,
     chunk: int = 4,
 ) -> Trajectory:
-    """Answer one question with search; show it live on `console` (rich) unless `as_json`, which
-    prints the trajectory as one JSON object instead. Without index and URL, the `toyworld` index
-    is used. `backend` may be passed to reuse a loaded model; `chunk` is how many tokens appear at
-    a time (the backend must match stop strings across calls, as the transformers one does)."""
+    """Answer one question with search (`cfg`: `AskConfig()` when None); show it live on `console`
+    (rich) unless `as_json`, which prints the trajectory as one JSON object instead. `backend` may
+    be passed to reuse a loaded model; `chunk` is how many tokens appear at a time (the backend
+    must match stop strings across calls, as the transformers one does)."""
     from searchrl.protocol import Protocol
-    from searchrl.retrieval import open_retriever
-    from searchrl.rollout.engine import RolloutConfig, RolloutEngine
+    from searchrl.rollout.engine import RolloutEngine
 
-    protocol = Protocol.named(tags, template, doc_style)
-    if index is not None and retriever_url is not None:
-        raise SearchRLError("give either --index NAME_OR_DIR or --retriever-url URL, not both")
-    if index is None and retriever_url is None:
-        index = "toyworld"
-    cfg = RolloutConfig(
-        max_searches=max_searches, k=k, max_new_tokens=max_new_tokens, greedy=not sample, seed=seed, batch_size=1
-    )
-    retriever = open_retriever(retriever_url or index, retriever_api)
+    cfg = cfg or AskConfig()
+    protocol = Protocol.from_config(cfg.protocol)
+    retriever = cfg.retrieval.open()
     if backend is None:
         from searchrl.rollout.backend import make_backend
 
-        backend = make_backend("hf", model)
+        backend = make_backend(cfg.rollout.backend, cfg.model)
     q = Question("ask", question, ())
     try:
         if as_json:
-            traj = RolloutEngine(backend, retriever, protocol, cfg).run([q])[0]
+            traj = RolloutEngine(backend, retriever, protocol, cfg.rollout).run([q])[0]
             print(json.dumps(traj.to_dict(), ensure_ascii=False))
             return traj
         view = _LiveView(console, protocol)
-        view.header(question, model, index or retriever_url, sample)
+        view.header(question, cfg.model, cfg.retrieval.source, sample=not cfg.rollout.greedy)
         engine = RolloutEngine(
-            StreamingBackend(backend, view.text, chunk), AnnouncingRetriever(retriever, view.search), protocol, cfg
+            StreamingBackend(backend, view.text, chunk), AnnouncingRetriever(retriever, view.search), protocol, cfg.rollout
         )
         started = time.perf_counter()
         traj = engine.run([q])[0]
@@ -169,6 +178,13 @@ def ask(
         return traj
     finally:
         retriever.close()
+
+
+def ask_command(question: str, config: str | None, flags: dict, as_json: bool = False) -> Trajectory:
+    """`searchrl ask`: YAML file, then the explicit flags (keyed by their config keys) win."""
+    from searchrl.config import flag_overrides, load_config
+
+    return ask(question, load_config(AskConfig, config, flag_overrides(flags)), as_json=as_json)
 
 
 class _LiveView:

@@ -266,25 +266,29 @@ def eval_compare(
 @app.command()
 def ask(
     question: str = typer.Argument(..., help="The question to answer."),
-    model: str = typer.Option("smollm2-135m", "--model", help="smollm2-135m, tiny-random, a local folder or a hub id."),
-    index: str | None = typer.Option(None, "--index", help="Catalog index or index directory (default toyworld when no --retriever-url)."),
-    retriever_url: str | None = typer.Option(None, "--retriever-url", help="Retrieval server URL, instead of --index."),
-    retriever_api: str = typer.Option("native", "--retriever-api", help="Server API: native, r1searcher or search-r1."),
-    tags: str = typer.Option("r1searcher", "--tags", help="Tag preset: r1searcher or search-r1 (use it with fewshot for SmolLM2-135M)."),
-    template: str = typer.Option("base", "--template", help="Prompt template: base, chat, fewshot, oneshot, fewshot-chat or a file."),
-    k: int = typer.Option(5, "-k", "--k", min=1, help="Passages per search."),
-    max_searches: int = typer.Option(8, "--max-searches", min=0, help="Most searches served."),
-    max_new_tokens: int = typer.Option(512, "--max-new-tokens", min=1, help="Policy tokens, all turns together."),
-    sample: bool = typer.Option(False, "--sample", help="Sample (temperature 1.0, top-p 0.95) instead of greedy decoding."),
-    seed: int | None = typer.Option(None, "--seed", help="Sampling seed (with --sample)."),
+    model: str | None = typer.Option(None, "--model", help="smollm2-135m (default), tiny-random, a local folder or a hub id."),
+    backend: str | None = typer.Option(None, "--backend", help="rollout.backend: hf (transformers, default) or vllm."),
+    index: str | None = typer.Option(None, "--index", help="retrieval.index: catalog index or index directory (default toyworld when no --retriever-url)."),
+    retriever_url: str | None = typer.Option(None, "--retriever-url", help="retrieval.url: retrieval server URL, instead of --index."),
+    retriever_api: str | None = typer.Option(None, "--retriever-api", help="retrieval.api: native (default), r1searcher or search-r1."),
+    tags: str | None = typer.Option(None, "--tags", help="protocol.tags: r1searcher (default) or search-r1 (use it with fewshot for SmolLM2-135M)."),
+    template: str | None = typer.Option(None, "--template", help="protocol.template: base (default), chat, fewshot, oneshot, fewshot-chat or a file."),
+    k: int | None = typer.Option(None, "-k", "--k", min=1, help="rollout.k: passages per search (default 5)."),
+    max_searches: int | None = typer.Option(None, "--max-searches", min=0, help="rollout.max_searches: most searches served (default 8)."),
+    max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", min=1, help="rollout.max_new_tokens: policy tokens, all turns together (default 512)."),
+    sample: bool = typer.Option(False, "--sample", help="rollout.greedy=false: sample (temperature 1.0, top-p 0.95) instead of greedy decoding."),
+    seed: int | None = typer.Option(None, "--seed", help="rollout.seed: sampling seed (with --sample)."),
+    config: str | None = typer.Option(None, "--config", help="YAML file of AskConfig fields (model, protocol, rollout, retrieval); flags given here win over it."),
     as_json: bool = typer.Option(False, "--json", help="Print the whole trajectory as JSON instead of the live view."),
 ) -> None:
     """Answer one question, showing live how the model thinks, searches and answers."""
-    from searchrl.ask import ask as run_ask
+    from searchrl.ask import ask_command
 
-    run_ask(question, model=model, index=index, retriever_url=retriever_url, retriever_api=retriever_api, tags=tags,
-            template=template, k=k, max_searches=max_searches, max_new_tokens=max_new_tokens, sample=sample,
-            seed=seed, as_json=as_json)
+    flags = {"model": model, "rollout.backend": backend, "retrieval.index": index, "retrieval.url": retriever_url,
+             "retrieval.api": retriever_api, "protocol.tags": tags, "protocol.template": template, "rollout.k": k,
+             "rollout.max_searches": max_searches, "rollout.max_new_tokens": max_new_tokens,
+             "rollout.greedy": False if sample else None, "rollout.seed": seed}
+    ask_command(question, config, flags, as_json)
 
 
 # --- training ---

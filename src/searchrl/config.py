@@ -6,6 +6,7 @@ code with `.get(key, default)`. Unknown keys are errors, so a typo never passes 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TypeVar
 
@@ -36,6 +37,12 @@ def parse_overrides(pairs: list[str]) -> dict:
             node = node.setdefault(part, {})
         node[leaf] = yaml.safe_load(raw) if raw != "" else ""
     return tree
+
+
+def flag_overrides(flags: dict) -> list[str]:
+    """Command-line flags keyed by their config keys (`{"rollout.k": 3}`) as `key=value` overrides;
+    flags not given (None) override nothing."""
+    return [f"{key}={json.dumps(value)}" for key, value in flags.items() if value is not None]
 
 
 def deep_merge(base: dict, extra: dict) -> dict:

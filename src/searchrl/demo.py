@@ -56,7 +56,8 @@ def resolve_config_path(name: str) -> Path:
 def _evaluate(label: str, model: str, method: str, train_cfg, cfg: DemoConfig, out: Path, backend) -> Path:
     """Evaluate `model` as it trained: the training run's protocol, retrieval and rollout settings,
     decoded greedily within the demo's evaluation budget."""
-    from searchrl.eval.run import EVAL_ROLLOUT, EvalConfig, run_eval
+    from searchrl.eval.run import EvalConfig, run_eval
+    from searchrl.rollout.config import EVAL_ROLLOUT
 
     ecfg = EvalConfig(
         method=method,

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from searchrl.ask import StreamingBackend, ask
+from searchrl.ask import AskConfig, StreamingBackend, ask
 from searchrl.assets import load_tokenizer
 from searchrl.cli import app
 from searchrl.data.trajectory import Segment, Trajectory
@@ -320,7 +320,8 @@ def test_ask_live_view_shows_queries_titles_and_answer(world, tokenizer):
 
     index, _ = world
     console = Console(file=io.StringIO(), width=100, color_system=None)
-    traj = ask("Who founded the maker of the Vantrel X2?", index=str(index), tags="search-r1", k=2, console=console,
+    cfg = AskConfig(retrieval={"index": str(index)}, protocol={"tags": "search-r1"}, rollout={"k": 2})
+    traj = ask("Who founded the maker of the Vantrel X2?", cfg, console=console,
                backend=ScriptedBackend(tokenizer, agent_policy), chunk=10_000)
     shown = console.file.getvalue()
     assert traj.answer == "Orrin Optics" and traj.n_searches == 2

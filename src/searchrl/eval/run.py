@@ -30,9 +30,9 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import Field, model_validator
 
 from searchrl.config import StrictModel, dump_config
 from searchrl.data.trajectory import Segment, Trajectory
@@ -42,7 +42,7 @@ from searchrl.eval.answer_prompts import answer_prompt
 from searchrl.protocol import Protocol, ProtocolConfig
 from searchrl.retrieval import RetrievalConfig
 from searchrl.retrieval.base import Retriever
-from searchrl.rollout.config import RolloutConfig
+from searchrl.rollout.config import EVAL_ROLLOUT, EvalRollout, RolloutConfig
 from searchrl.tags import TagSet
 
 METHODS = ("agent", "rag", "direct")
@@ -57,18 +57,6 @@ PERCENT_KEYS = (
     "search_rate",
     "retrieval_recall",
 )
-
-
-# The paper evaluates greedily with k=5, at most 8 searches as in the authors' code.
-EVAL_ROLLOUT = {"greedy": True, "k": 5, "max_searches": 8, "max_new_tokens": 512, "batch_size": 16}
-
-
-def _eval_rollout(value):
-    # A rollout given in part (a flag, a file) keeps these defaults for the rest, not RolloutConfig's training ones.
-    return {**EVAL_ROLLOUT, **value} if isinstance(value, dict) else value
-
-
-EvalRollout = Annotated[RolloutConfig, BeforeValidator(_eval_rollout)]
 
 
 class EvalConfig(StrictModel):
@@ -349,10 +337,9 @@ def run_eval(cfg: EvalConfig, progress: bool = True, backend=None) -> dict:
 def eval_command(config: str | None, overrides: Sequence[str], flags: dict, as_json: bool = False) -> dict:
     """`searchrl eval run`: YAML file, then `--set` overrides, then the explicit flags win; `flags`
     are keyed by their config keys (`rollout.k`)."""
-    from searchrl.config import load_config
+    from searchrl.config import flag_overrides, load_config
 
-    pairs = list(overrides) + [f"{k}={json.dumps(v)}" for k, v in flags.items() if v is not None]
-    cfg = load_config(EvalConfig, config, pairs)
+    cfg = load_config(EvalConfig, config, list(overrides) + flag_overrides(flags))
     metrics = run_eval(cfg, progress=not as_json)
     if as_json:
         print(json.dumps(metrics))

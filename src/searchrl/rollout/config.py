@@ -1,10 +1,12 @@
 """`RolloutConfig`: how rollouts are generated. Its own module, away from the engine, because
 every command nests it (`train`, `eval run`, `ask`) and evaluation must not load the engine to
-read its config."""
+read its config. `EvalRollout` is the field type of the commands that evaluate."""
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Annotated
+
+from pydantic import BeforeValidator, Field
 
 from searchrl.config import StrictModel
 from searchrl.rollout.backend import SamplingParams
@@ -35,3 +37,17 @@ class RolloutConfig(StrictModel):
 
     def sampling_params(self) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_p, self.greedy, self.seed)
+
+
+# Evaluation (`eval run`, `ask`): greedy and k=5 as the paper evaluates, at most 8 searches as in
+# the authors' code.
+EVAL_ROLLOUT = {"greedy": True, "k": 5, "max_searches": 8, "max_new_tokens": 512, "batch_size": 16}
+
+
+def _eval_defaults(value):
+    # A rollout given in part (a flag, a file) keeps the evaluation defaults for the other keys,
+    # not the class's training ones.
+    return {**EVAL_ROLLOUT, **value} if isinstance(value, dict) else value
+
+
+EvalRollout = Annotated[RolloutConfig, BeforeValidator(_eval_defaults)]
