@@ -1,5 +1,5 @@
 """What differs between transformers versions, each in one small function, so a rename upstream is
-fixed here once. Checked on 5.19 and 5.24; every note names the versions that differ.
+fixed here once. Checked on 5.19 (our floor) and 5.24; every note names the versions that differ.
 
 transformers is imported inside the functions: importing this module stays cheap.
 """
@@ -33,13 +33,13 @@ def output_cache(output):
 def takes_logits_to_keep(model) -> bool:
     """Whether forward takes `logits_to_keep` (logits of the last positions only). Where it does
     not, the keyword must not be passed: **kwargs would swallow it and every logit be computed."""
-    # Named `num_logits_to_keep` before 4.49; some older architectures gained it only in 2025 (#41335).
+    # Some causal LMs still lack it in 5.19 and 5.24 (xLSTM, MusicGen, the Gemma-4 assistants).
     return "logits_to_keep" in _forward_params(model)
 
 
 def cache_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(keys, values) per layer of a cache, each [B, heads, L, head_dim]."""
-    # `cache.layers` from 4.56 (our floor) to 5.24; the older `key_cache` lists are below the floor.
+    # `cache.layers` in 5.19 to 5.24.
     return [(layer.keys, layer.values) for layer in cache.layers]
 
 
@@ -47,7 +47,7 @@ def dynamic_cache(kv: list[tuple[torch.Tensor, torch.Tensor]]):
     """A `DynamicCache` holding `kv` (per layer, each [B, heads, L, head_dim])."""
     from transformers import DynamicCache
 
-    # `ddp_cache_data` fills the layers from 4.56 to 5.24; `from_legacy_cache` is gone in 5.x.
+    # `ddp_cache_data` fills the layers in 5.19 to 5.24 (there is no `from_legacy_cache`).
     return DynamicCache(ddp_cache_data=kv)
 
 
@@ -62,7 +62,7 @@ def enable_checkpointing(model, **kwargs) -> None:
 
 def checkpointing_layers(model) -> list[torch.nn.Module]:
     """The layers whose own `training` flag switches checkpointing on (decoder layers)."""
-    # Decoder layers derive from `GradientCheckpointingLayer` in 4.56 to 5.24 (its import path too).
+    # Decoder layers derive from `GradientCheckpointingLayer` in 5.19 to 5.24 (its import path too).
     from transformers.modeling_layers import GradientCheckpointingLayer
 
     return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]

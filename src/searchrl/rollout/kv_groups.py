@@ -63,7 +63,7 @@ def _growing_layer_class():
         return _GROWING_LAYER
     from transformers.cache_utils import DynamicLayer
 
-    # Built on 5.x's DynamicLayer (`is_initialized`, `lazy_initialization(keys, values)`); 4.57's differs.
+    # Built on DynamicLayer as in 5.19 to 5.24 (`is_initialized`, `lazy_initialization(keys, values)`).
     class GrowingLayer(DynamicLayer):
         def update(self, key_states, value_states, *args, **kwargs):
             if not self.is_initialized:
