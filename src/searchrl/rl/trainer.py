@@ -20,7 +20,6 @@ from searchrl.config import dump_config
 from searchrl.data.types import Question
 from searchrl.errors import SearchRLError
 from searchrl.protocol import Protocol
-from searchrl.retrieval import open_retriever
 from searchrl.rl import checkpoint as ckpt
 from searchrl.rl.actor import Actor
 from searchrl.rl.config import TrainConfig
@@ -115,7 +114,7 @@ def train(cfg: TrainConfig, resume: Path | None = None, stages: list[int] | None
     actor = Actor.load(cfg, state_dir, lora_resume=bool(state and state.lora))
     if state is not None:
         ckpt.set_rng_state(state.rng)
-    retriever = open_retriever(cfg.retrieval.url or cfg.retrieval.index, cfg.retrieval.api)
+    retriever = cfg.retrieval.open()
     worker = RolloutWorker.create(actor, retriever, Protocol.from_config(cfg.protocol))
     logger = RunLogger(run_dir, cfg.logging.tensorboard, purge_step=state.step + 1 if state else None, echo=cfg.logging.progress)
     metrics_lines = state.metrics_lines if state else 0
