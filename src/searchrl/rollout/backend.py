@@ -1,4 +1,4 @@
-"""The generation interface the rollout engine drives (transformers now, vLLM later).
+"""The generation interface the rollout engine drives (transformers, vLLM).
 
 A backend owns a set of live sequences, each named by an integer handle. The engine
 
@@ -10,7 +10,18 @@ A backend owns a set of live sequences, each named by an integer handle. The eng
 Token ids are the unit everywhere: what `generate` returns is exactly what was sampled, and what
 `append` receives is exactly what the model will see; nothing is ever re-tokenized. The backend
 may keep per-sequence state between calls (the transformers backend keeps its KV cache; a vLLM
-backend can resend the whole token list and rely on prefix caching).
+backend resends the whole token list and relies on prefix caching).
+
+Long tails: sequences of one batch stop at very different times, and a round that waits for the
+last one leaves a batched engine decoding for few rows. `generate(..., quorum=q)` lets the call
+return once a share `q` of its sequences has stopped; a backend with continuous batching (vLLM)
+keeps the others running and reports them "pending" (no tokens yet), and the engine serves the
+stopped ones and hands them back while the rest go on. A pending sequence is named again in a
+later `generate` call, which returns its whole continuation when it stops.
+
+Weights: a trainer that updates the policy calls `sync_weights(model)` after every optimizer
+step, and may wrap the update in `sleep()` / `wake()` so a backend on the same device frees its
+memory meanwhile.
 """
 
 from __future__ import annotations
@@ -22,7 +33,7 @@ from typing import Literal
 
 from searchrl.registry import Registry
 
-FinishReason = Literal["stop", "eos", "length"]
+FinishReason = Literal["stop", "eos", "length", "pending"]
 
 
 @dataclass(frozen=True)
@@ -53,7 +64,8 @@ class Continuation:
     `logprobs[i]` is the log-probability of `token_ids[i]` under the distribution the backend
     sampled from (see the backend's docs for where temperature / top-p enter). The last token is
     the one that completed `stop_string` (finish_reason "stop"), the EOS token ("eos"), or the
-    last one the budget allowed ("length").
+    last one the budget allowed ("length"; fewer tokens, possibly none, when the sequence filled
+    the backend's context). "pending": still generating (see `quorum`), no tokens yet.
     """
 
     token_ids: list[int]
@@ -107,12 +119,20 @@ class GenerationBackend(ABC):
 
     @abstractmethod
     def generate(
-        self, handles: Sequence[int], max_new_tokens: int | Sequence[int], stop: Sequence[str] = ()
+        self,
+        handles: Sequence[int],
+        max_new_tokens: int | Sequence[int],
+        stop: Sequence[str] = (),
+        quorum: float = 1.0,
     ) -> list[Continuation]:
         """Continue every sequence in `handles` (all started with the same params) until it
-        writes one of `stop` (matched on the decoded text of this call's new tokens), an EOS
+        writes one of `stop` (matched on the decoded policy text since the last `append`), an EOS
         token, or `max_new_tokens` new tokens (one budget for all, or one per handle).
-        Returns one `Continuation` per handle, in order. A budget of 0 returns no tokens."""
+        Returns one `Continuation` per handle, in order. A budget of 0 returns no tokens.
+
+        `quorum` in (0, 1]: the call may return once that share of `handles` has stopped, the
+        others "pending" (see the module docstring); a pending handle keeps the budget and stop
+        strings it was started with. Backends without continuous batching finish every sequence."""
 
     @abstractmethod
     def append(self, handles: Sequence[int], token_ids: Sequence[Sequence[int]]) -> None:
@@ -126,15 +146,18 @@ class GenerationBackend(ABC):
     def close(self) -> None:
         """Free everything (the model stays with its owner)."""
 
-    # -- training hooks: no-ops for a backend that runs the trained model object itself ----------
+    # -- weights and memory (training) -----------------------------------------------------------
+    @abstractmethod
     def sync_weights(self, model) -> None:
-        """Make the next `generate` sample from `model`'s current weights."""
+        """Generate with `model`'s current weights from now on (`model`: the trainer's
+        `nn.Module`). Called after every optimizer update, between rollouts."""
 
     def sleep(self) -> None:
-        """Free what generation holds (KV cache) while the trainer updates the weights."""
+        """Free accelerator memory the backend holds between rollouts (a KV cache) while the
+        trainer updates; a no-op where there is nothing to free. `wake` undoes it."""
 
     def wake(self) -> None:
-        """Take back what `sleep` freed, before the next `generate`."""
+        """Take back what `sleep` freed; call before `sync_weights` and the next rollout."""
 
     @classmethod
     def from_model_name(cls, name: str, **kwargs) -> GenerationBackend:
@@ -146,11 +169,11 @@ BACKENDS: Registry[type[GenerationBackend]] = Registry("generation backend")
 
 # Backends register themselves when their module is imported; these modules are imported on
 # demand so that naming a backend never imports another's heavy dependencies.
-BACKEND_MODULES = {"hf": "searchrl.rollout.hf_backend"}
+BACKEND_MODULES = {"hf": "searchrl.rollout.hf_backend", "vllm": "searchrl.rollout.vllm_backend"}
 
 
 def make_backend(name: str, model: str, **kwargs) -> GenerationBackend:
-    """A backend by registry name (`hf`) for a model name or path, e.g.
+    """A backend by registry name (`hf`, `vllm`) for a model name or path, e.g.
     `make_backend("hf", "smollm2-135m")`; extra keyword arguments go to the backend."""
     if name not in BACKENDS and name in BACKEND_MODULES:
         import importlib

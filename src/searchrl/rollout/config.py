@@ -34,6 +34,12 @@ class RolloutConfig(StrictModel):
     seed: int | None = Field(None, description="Seed of the sampler; None draws a fresh one.")
     samples_per_question: int = Field(1, ge=1, description="Rollouts per question (paper: 16 while training).")
     batch_size: int = Field(64, ge=1, description="Most sequences generated together; more questions run in successive batches.")
+    round_quorum: float = Field(
+        1.0, gt=0, le=1,
+        description="Share of a round's sequences that must stop before their searches are served; the rest keep "
+        "generating meanwhile (backends with continuous batching: vllm). 1.0 = every round waits for its last "
+        "sequence; lower keeps the batch fuller, at the price of more (smaller) retrieval calls.",
+    )
 
     def sampling_params(self) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_p, self.greedy, self.seed)

@@ -12,6 +12,11 @@ One batch of rollouts advances in rounds:
 4. each documents block is tokenized on its own and appended as token ids (loss mask 0), and the
    round repeats for the sequences still active.
 
+With `round_quorum` < 1 a round closes once that share of its sequences has stopped: a backend
+with continuous batching (vLLM) keeps the others generating ("pending") while the stopped ones
+are served and resubmitted, so the long tail of a round does not leave the batch near empty.
+Each round still makes at most one retrieval call, for the sequences that paused in it.
+
 Tokens are recorded exactly as sampled or inserted. The documents block starts with a blank line,
 so tokenizing it standalone splits no token with the policy text before it; its ids decode back to
 exactly the block's text with byte-level BPE tokenizers (the engine warns once when a tokenizer
@@ -124,12 +129,16 @@ class RolloutEngine:
             while active:
                 turn = cfg.max_tokens_per_turn or cfg.max_new_tokens
                 t0 = time.perf_counter()
-                outs = be.generate([handles[i] for i in active], [min(turn, rollouts[i].left) for i in active], stops)
+                outs = be.generate(
+                    [handles[i] for i in active], [min(turn, rollouts[i].left) for i in active], stops, cfg.round_quorum
+                )
                 gen_s = time.perf_counter() - t0
                 searching: list[tuple[int, str]] = []
                 for i, o in zip(active, outs):
                     r = rollouts[i]
                     r.gen_s += gen_s
+                    if o.finish_reason == "pending":
+                        continue  # still generating; its continuation comes back in a later round
                     r.add("policy", o.token_ids, o.logprobs)
                     r.left -= len(o.token_ids)
                     if o.finish_reason == "eos":
@@ -148,7 +157,7 @@ class RolloutEngine:
                             r.stop_reason = "length"
                         else:
                             searching.append((i, query))
-                    elif r.left <= 0:
+                    elif r.left <= 0 or not o.token_ids:  # budget spent, or the backend's context is full
                         r.stop_reason = "length"
                     # else: the turn's budget ran out mid-thought; it simply goes on next round
                 if searching:

@@ -150,6 +150,12 @@ class HFBackend(GenerationBackend):
         self._seqs.clear()
         self._group_of.clear()
 
+    def sync_weights(self, model) -> None:
+        """Nothing to do when `model` is the one this backend generates with (the trainer hands
+        over its policy object); another model's parameters are copied in."""
+        if model is not self.model:
+            self.model.load_state_dict(model.state_dict())
+
     def _seq(self, h: int) -> _Seq:
         try:
             return self._seqs[h]
@@ -158,8 +164,13 @@ class HFBackend(GenerationBackend):
 
     # -- the generation loop ---------------------------------------------------------------------
     def generate(
-        self, handles: Sequence[int], max_new_tokens: int | Sequence[int], stop: Sequence[str] = ()
+        self,
+        handles: Sequence[int],
+        max_new_tokens: int | Sequence[int],
+        stop: Sequence[str] = (),
+        quorum: float = 1.0,
     ) -> list[Continuation]:
+        # `quorum` is ignored: one batch decodes in lockstep, so every sequence finishes here.
         # The trainer hands over its policy in train mode; sample without dropout, then give it
         # back as it was.
         was_training = self.model.training

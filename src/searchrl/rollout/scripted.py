@@ -6,10 +6,17 @@ included) and returns what the policy writes next. The backend tokenizes it with
 tokenizer and streams the tokens exactly like a model would: it stops on a stop string, an EOS
 token or the budget, and throws the rest away (the next call asks `respond` again, seeing the
 documents the engine appended). Append the tokenizer's EOS text to end a sequence with EOS.
+
+`quorum` is simulated as a batched engine would decode: one token per running sequence per step,
+so a call lasts as many steps as the continuation that completes its quorum, every running
+sequence advances by those steps, and the ones not done yet come back "pending" (their
+continuation is fixed when it starts, so results do not depend on the quorum). `stats.decode_steps`
+counts the steps.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -20,6 +27,8 @@ from searchrl.rollout.backend import BackendStats, Continuation, GenerationBacke
 class _Scripted:
     ids: list[int]
     stream: list[int] = field(default_factory=list)  # tokens `respond` wrote, not emitted yet
+    running: Continuation | None = None  # started, not handed back yet
+    decoded: int = 0  # tokens of `running` the simulated steps have produced
 
 
 class ScriptedBackend(GenerationBackend):
@@ -58,11 +67,29 @@ class ScriptedBackend(GenerationBackend):
             self._next += 1
         return handles
 
-    def generate(self, handles, max_new_tokens, stop=()) -> list[Continuation]:
+    def generate(self, handles, max_new_tokens, stop=(), quorum=1.0) -> list[Continuation]:
         handles = list(handles)
         self.calls.append(("generate", handles))
         budgets = [max_new_tokens] * len(handles) if isinstance(max_new_tokens, int) else list(max_new_tokens)
-        return [self._continue(self._seqs[h], b, [s for s in stop if s]) for h, b in zip(handles, budgets)]
+        for h, b in zip(handles, budgets):
+            seq = self._seqs[h]
+            if seq.running is None:  # else pending from an earlier call: budget and stops as then
+                seq.running, seq.decoded = self._continue(seq, b, [s for s in stop if s]), 0
+        left = sorted(len(self._seqs[h].running.token_ids) - self._seqs[h].decoded for h in handles)
+        steps = left[max(1, math.ceil(quorum * len(handles))) - 1]
+        self.stats.decode_steps += steps
+        for seq in self._seqs.values():
+            if seq.running is not None:
+                seq.decoded = min(seq.decoded + steps, len(seq.running.token_ids))
+        out = []
+        for h in handles:
+            seq = self._seqs[h]
+            if seq.decoded < len(seq.running.token_ids):
+                out.append(Continuation([], [], "pending"))
+            else:
+                out.append(seq.running)
+                seq.running = None
+        return out
 
     def _continue(self, seq: _Scripted, budget: int, stop: list[str]) -> Continuation:
         out = Continuation([], [], "length")
@@ -94,9 +121,14 @@ class ScriptedBackend(GenerationBackend):
         self.calls.append(("append", handles))
         for h, ids in zip(handles, token_ids, strict=True):
             seq = self._seqs[h]
+            if seq.running is not None:
+                raise ValueError(f"sequence {h} is still generating; append after it stops")
             seq.ids.extend(ids)
             seq.stream = []  # the policy reacts to what it now sees
             self.stats.prefill_tokens += len(ids)
+
+    def sync_weights(self, model) -> None:
+        """No model, no weights."""
 
     def release(self, handles) -> None:
         handles = [h for h in handles if h in self._seqs]
