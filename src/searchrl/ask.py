@@ -168,7 +168,7 @@ def ask(
     if backend is None:
         from searchrl.rollout.backend import make_backend
 
-        backend = make_backend(cfg.rollout.backend, cfg.model)
+        backend = make_backend(cfg.rollout.backend, cfg.model, **cfg.rollout.backend_options())
     q = Question("ask", question, ())
     try:
         if as_json:

@@ -180,7 +180,7 @@ def run_demo(cfg: DemoConfig, overrides: Sequence[str] = ()) -> Path:
         )
 
         console.rule("3. the untrained model")
-        backend = make_backend(train_cfg.rollout.backend, train_cfg.model)
+        backend = make_backend(train_cfg.rollout.backend, train_cfg.model, **train_cfg.rollout.backend_options())
         eval_dirs = [
             _evaluate("untrained", train_cfg.model, method, train_cfg, cfg, out, backend)
             for method in ("agent", "rag")
@@ -196,7 +196,7 @@ def run_demo(cfg: DemoConfig, overrides: Sequence[str] = ()) -> Path:
             if final is None:
                 raise SearchRLError(f"training wrote no checkpoint under {run_dir}")
             console.rule("5. the trained model")
-            trained = make_backend(train_cfg.rollout.backend, str(final))
+            trained = make_backend(train_cfg.rollout.backend, str(final), **train_cfg.rollout.backend_options())
             eval_dirs += [
                 _evaluate("trained", str(final), method, train_cfg, cfg, out, trained)
                 for method in ("agent", "rag")

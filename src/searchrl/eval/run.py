@@ -313,7 +313,7 @@ def run_eval(cfg: EvalConfig, progress: bool = True, backend=None) -> dict:
     if backend is None:
         from searchrl.rollout.backend import make_backend
 
-        backend = make_backend(cfg.rollout.backend, cfg.model)
+        backend = make_backend(cfg.rollout.backend, cfg.model, **cfg.rollout.backend_options())
     retriever = cfg.retrieval.open() if cfg.method != "direct" else None
     started = time.perf_counter()
     try:

@@ -37,8 +37,8 @@ class RolloutWorker:
         else:
             from searchrl.rollout.backend import make_backend
 
-            backend = make_backend(cfg.rollout.backend, cfg.model, device=cfg.device)
-            backend.sync_weights(actor.model)
+            backend = make_backend(cfg.rollout.backend, cfg.model, **cfg.rollout.backend_options())
+            backend.sync_weights(actor.model)  # a resumed or LoRA actor differs from cfg.model
         return cls(backend, retriever, protocol, cfg.rollout, actor.autocast)
 
     @property
@@ -59,3 +59,4 @@ class RolloutWorker:
 
     def wake(self) -> None:
         self.engine.backend.wake()
+

