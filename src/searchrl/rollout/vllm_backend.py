@@ -45,6 +45,7 @@ import logging
 import math
 import os
 import random
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import count
@@ -449,9 +450,31 @@ class _engine_side_effects_undone:
     def __enter__(self):
         self.states = random.getstate(), np.random.get_state(), torch.get_rng_state()
         self.set_num_threads = torch.set_num_threads
+        self.hidden = _hide_unscannable_modules()
 
     def __exit__(self, *exc):
+        sys.modules.update(self.hidden)
         random.setstate(self.states[0])
         np.random.set_state(self.states[1])
         torch.set_rng_state(self.states[2])
         torch.set_num_threads = self.set_num_threads
+
+
+def _hide_unscannable_modules() -> dict:
+    """Take out of `sys.modules` (for the caller to put back) the modules vLLM's CPU kernel
+    registration would crash on: it scans every module's values and reads `vars(value).get`,
+    which fails where `__dict__` is not a mapping, e.g. llvmlite's ffi `lib` (numba, which bm25s
+    imports, loads it). Without this the engine could only be built before the BM25 index opens."""
+    hidden = {}
+    for name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None) or {}
+        if any(_unscannable(v) for v in list(namespace.values())):
+            hidden[name] = sys.modules.pop(name)
+    return hidden
+
+
+def _unscannable(value) -> bool:
+    try:
+        return hasattr(value, "__dict__") and not hasattr(vars(value), "get")
+    except Exception:  # noqa: BLE001  (a value whose attribute access itself fails is just skipped)
+        return False
