@@ -150,30 +150,30 @@ class VLLMBackend(GenerationBackend):
         path = str(resolve_model(name))
         tokenizer = load_tokenizer(name)
         on_cpu = current_platform.is_cpu()
-        kwargs = dict(
-            model=path,
-            dtype=dtype or ("float32" if on_cpu else "bfloat16"),
-            enforce_eager=on_cpu if enforce_eager is None else enforce_eager,
-            enable_prefix_caching=True,
-            max_model_len=max_model_len,
-            seed=seed,
-            logprobs_mode=logprobs_mode,
-            # Prefix caching reuses whole blocks only, so each resent sequence prefills its last
-            # partial block again: on CPU 32-token blocks made the bench's rollouts ~25% faster
-            # than vLLM's default 128 (its CPU kernels want multiples of 32).
-            block_size=block_size or (32 if on_cpu else None),
-        )
-        if on_cpu:
-            kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes or 1 << 30
+        if on_cpu:  # the CPU worker needs an explicit KV-cache size; sleep mode needs CUDA
             sleep_mode = False
+            memory = {"kv_cache_memory_bytes": kv_cache_memory_bytes or 1 << 30}
         else:
             sleep_mode = True if sleep_mode is None else sleep_mode
-            kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=sleep_mode)
+            memory = {"gpu_memory_utilization": gpu_memory_utilization, "enable_sleep_mode": sleep_mode}
             if kv_cache_memory_bytes is not None:
-                kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+                memory["kv_cache_memory_bytes"] = kv_cache_memory_bytes
         had_group = torch.distributed.is_available() and torch.distributed.is_initialized()
         with _in_process_engine_start():
-            llm = LLM(**kwargs)
+            llm = LLM(
+                model=path,
+                dtype=dtype or ("float32" if on_cpu else "bfloat16"),
+                enforce_eager=on_cpu if enforce_eager is None else enforce_eager,
+                enable_prefix_caching=True,
+                max_model_len=max_model_len,
+                seed=seed,
+                logprobs_mode=logprobs_mode,
+                # Prefix caching reuses whole blocks only, so each resent sequence prefills its last
+                # partial block again: on CPU 32-token blocks made the bench's rollouts ~25% faster
+                # than vLLM's default 128 (its CPU kernels want multiples of 32).
+                block_size=block_size or (32 if on_cpu else None),
+                **memory,
+            )
         return cls(llm, tokenizer, eos_token_ids=_eos_ids(tokenizer, path), sleep_mode=sleep_mode,
                    owns_process_group=not had_group)
 
@@ -219,7 +219,10 @@ class VLLMBackend(GenerationBackend):
         """Stop the engine and free its memory (the backend owns it); the backend is unusable after."""
         if self.llm is None:
             return
-        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory, destroy_model_parallel
+        from vllm.distributed.parallel_state import (
+            cleanup_dist_env_and_memory,
+            destroy_model_parallel,
+        )
 
         self.release(list(self._seqs))
         self._engine.engine_core.shutdown()
