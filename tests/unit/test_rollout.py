@@ -435,6 +435,25 @@ def test_hf_stop_strings_eos_and_zero_budget(tiny):
     assert out.finish_reason == "eos" and out.token_ids == free[: free.index(free[3]) + 1]
 
 
+def test_hf_sync_weights_shares_or_copies(tiny):
+    import copy
+
+    model, tok = tiny
+    be = HFBackend(model, tok)
+    be.sync_weights(model)  # the trainer's own policy object: nothing to do
+    assert be.model is model
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    mine = HFBackend(copy.deepcopy(model), tok)
+    mine.sync_weights(other)
+    greedy = SamplingParams(greedy=True)
+    outs = [b.generate(b.start([[1, 2, 3]], greedy), 6)[0] for b in (mine, HFBackend(other, tok), be)]
+    assert outs[0].token_ids == outs[1].token_ids and outs[0].logprobs == pytest.approx(outs[1].logprobs, abs=1e-5)
+    assert outs[0].logprobs != pytest.approx(outs[2].logprobs, abs=1e-3)
+
+
 def test_vllm_backend_is_registered_and_says_how_to_install_vllm(monkeypatch):
     import sys
 

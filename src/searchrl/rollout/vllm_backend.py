@@ -89,9 +89,9 @@ class _Seq:
 
 @BACKENDS.register("vllm")
 class VLLMBackend(GenerationBackend):
-    """A `vllm.LLM` (in-process engine) + the model's transformers tokenizer; see the module
-    docstring. Build it with `from_model_name`, or wrap an `LLM` you made (its engine must run in
-    this process: `VLLM_ENABLE_V1_MULTIPROCESSING=0`)."""
+    """A `vllm.LLM` (in-process engine, owned: `close` shuts it down) + the model's transformers
+    tokenizer; see the module docstring. Build it with `from_model_name`, or wrap an `LLM` you made
+    (its engine must run in this process: `VLLM_ENABLE_V1_MULTIPROCESSING=0`)."""
 
     def __init__(
         self, llm, tokenizer, *, eos_token_ids: Iterable[int], sleep_mode: bool = False, owns_process_group: bool = False
@@ -133,8 +133,10 @@ class VLLMBackend(GenerationBackend):
         graphs). max_model_len: the model's context by default. kv_cache_memory_bytes: CPU needs a
         size (default 1 GiB); on GPU `gpu_memory_utilization` sizes it instead (vLLM's share of
         device memory; leave room for a colocated trainer). block_size: KV-cache block, the grain
-        of prefix caching (default 32 on CPU, vLLM's 16 on GPU). sleep_mode: allow `sleep()` /
-        `wake()` (GPU only; default there).
+        of prefix caching (default 32 on CPU, vLLM's 16 on GPU). logprobs_mode: raw_logprobs
+        (exact at temperature 1) or processed_logprobs (exact at top-p 1), see the module
+        docstring. sleep_mode: allow `sleep()` / `wake()` (GPU only; default there). seed: vLLM's
+        own; sampling draws from the per-request seeds.
         """
         from searchrl.assets import load_tokenizer, resolve_model
 
