@@ -24,7 +24,12 @@ from searchrl.data.types import Passage, Question
 from searchrl.protocol import ProtocolConfig
 from searchrl.retrieval import RetrievalConfig
 from searchrl.retrieval.base import Retriever
-from searchrl.rollout.backend import Continuation, GenerationBackend, SamplingParams
+from searchrl.rollout.backend import (
+    Continuation,
+    GenerationBackend,
+    SamplingParams,
+    per_sequence_budgets,
+)
 from searchrl.rollout.config import EVAL_ROLLOUT, EvalRollout, RolloutConfig
 
 
@@ -77,7 +82,7 @@ class StreamingBackend(GenerationBackend):
     ) -> list[Continuation]:
         # `quorum` is ignored: the view follows one question, every piece runs to its end.
         handles = list(handles)
-        budgets = [max_new_tokens] * len(handles) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        budgets = per_sequence_budgets(handles, max_new_tokens)
         results = [Continuation([], [], "length") for _ in handles]
         shown = [0] * len(handles)  # characters of each continuation already handed out
         todo = [i for i, b in enumerate(budgets) if b > 0]

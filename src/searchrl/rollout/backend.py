@@ -84,6 +84,14 @@ class BackendStats:
     extra: dict[str, float] = field(default_factory=dict)
 
 
+def per_sequence_budgets(handles: Sequence[int], max_new_tokens: int | Sequence[int]) -> list[int]:
+    """`generate`'s token budget as one number per handle (it takes one for all, or one each)."""
+    budgets = [max_new_tokens] * len(handles) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    if len(budgets) != len(handles):
+        raise ValueError(f"{len(budgets)} budgets for {len(handles)} sequences")
+    return budgets
+
+
 class GenerationBackend(ABC):
     """Continues batches of token-id sequences; see the module docstring for the protocol."""
 

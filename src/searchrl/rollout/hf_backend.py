@@ -43,6 +43,7 @@ from searchrl.rollout.backend import (
     Continuation,
     GenerationBackend,
     SamplingParams,
+    per_sequence_budgets,
 )
 from searchrl.rollout.kv_groups import Group, make_cache, merge_rows, plan_buckets, select_rows
 from searchrl.rollout.sampling import sample_tokens
@@ -183,9 +184,7 @@ class HFBackend(GenerationBackend):
 
     def _generate(self, handles, max_new_tokens, stop) -> list[Continuation]:
         handles = list(handles)
-        budgets = [max_new_tokens] * len(handles) if isinstance(max_new_tokens, int) else list(max_new_tokens)
-        if len(budgets) != len(handles):
-            raise ValueError(f"{len(budgets)} budgets for {len(handles)} sequences")
+        budgets = per_sequence_budgets(handles, max_new_tokens)
         results = {h: Continuation([], [], "length") for h in handles}
         live = [h for h, b in zip(handles, budgets) if b > 0]
         if not live:

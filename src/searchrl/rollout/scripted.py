@@ -20,7 +20,13 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from searchrl.rollout.backend import BackendStats, Continuation, GenerationBackend, SamplingParams
+from searchrl.rollout.backend import (
+    BackendStats,
+    Continuation,
+    GenerationBackend,
+    SamplingParams,
+    per_sequence_budgets,
+)
 
 
 @dataclass
@@ -70,7 +76,7 @@ class ScriptedBackend(GenerationBackend):
     def generate(self, handles, max_new_tokens, stop=(), quorum=1.0) -> list[Continuation]:
         handles = list(handles)
         self.calls.append(("generate", handles))
-        budgets = [max_new_tokens] * len(handles) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        budgets = per_sequence_budgets(handles, max_new_tokens)
         for h, b in zip(handles, budgets):
             seq = self._seqs[h]
             if seq.running is None:  # else pending from an earlier call: budget and stops as then

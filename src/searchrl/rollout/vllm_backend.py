@@ -60,6 +60,7 @@ from searchrl.rollout.backend import (
     Continuation,
     GenerationBackend,
     SamplingParams,
+    per_sequence_budgets,
 )
 from searchrl.rollout.hf_backend import HFBackend
 
@@ -249,9 +250,7 @@ class VLLMBackend(GenerationBackend):
         quorum: float = 1.0,
     ) -> list[Continuation]:
         handles = list(handles)
-        budgets = [max_new_tokens] * len(handles) if isinstance(max_new_tokens, int) else list(max_new_tokens)
-        if len(budgets) != len(handles):
-            raise ValueError(f"{len(budgets)} budgets for {len(handles)} sequences")
+        budgets = per_sequence_budgets(handles, max_new_tokens)
         if not 0 < quorum <= 1:
             raise ValueError(f"quorum must be in (0, 1] (got {quorum})")
         seqs = [self._seq(h) for h in handles]
