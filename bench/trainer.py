@@ -145,7 +145,7 @@ def run_ours(args) -> dict:
     )
     torch.manual_seed(args.seed)
     actor = Actor.load(cfg)
-    actor.start_stage(1, None)
+    actor.start_stage(None)
 
     class NoSearch(Retriever):
         def search(self, queries, k):

@@ -138,7 +138,7 @@ def test_resume_after_crash_equals_uninterrupted_run(world, tmp_path, varied_rew
 
 def _actor(cfg: TrainConfig) -> Actor:
     actor = Actor.load(cfg)
-    actor.start_stage(2, None)
+    actor.start_stage(None)
     return actor
 
 

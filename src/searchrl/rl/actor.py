@@ -76,7 +76,6 @@ class Actor:
         self.cfg, self.model, self.tokenizer = cfg, model, tokenizer
         self.optimizer: torch.optim.Optimizer | None = None
         self.reference: Reference | None = None
-        self.stage = 0
 
     @classmethod
     def load(cls, cfg: TrainConfig, checkpoint: Path | None = None, lora_resume: bool = False) -> Actor:
@@ -94,11 +93,10 @@ class Actor:
     def autocast(self):
         return autocast(self.cfg)
 
-    def start_stage(self, stage: int, reference_source: Path | None, optimizer_state: dict | None = None) -> None:
+    def start_stage(self, reference_source: Path | None, optimizer_state: dict | None = None) -> None:
         """A fresh optimizer (or the saved one, resuming) and the stage's reference, as the
         authors launch Stage 2: from Stage 1's weights, with new optimizer state."""
         alg = self.cfg.algorithm
-        self.stage = stage
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad], lr=alg.lr, betas=alg.betas, weight_decay=alg.weight_decay
         )

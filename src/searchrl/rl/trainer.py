@@ -125,7 +125,7 @@ def train(cfg: TrainConfig, resume: Path | None = None, stages: list[int] | None
             start_step = state.stage_step if resuming else 0
             sampler = PromptSampler(stage_questions(stage_cfg), cfg.seed, stage, state.data_position if resuming else 0)
             prev = plan[plan.index(stage) - 1] if plan.index(stage) > 0 else None
-            actor.start_stage(stage, run_dir / "checkpoints" / stage_ends[prev] if prev is not None else None,
+            actor.start_stage(run_dir / "checkpoints" / stage_ends[prev] if prev is not None else None,
                               state.optimizer if resuming else None)
             for k in range(start_step, stage_cfg.steps):
                 step = offsets[stage] + k + 1
