@@ -60,3 +60,7 @@ class RolloutWorker:
     def wake(self) -> None:
         self.engine.backend.wake()
 
+    def close(self) -> None:
+        """Free the backend (a vLLM engine and its KV cache; the actor keeps its model)."""
+        self.engine.backend.close()
+

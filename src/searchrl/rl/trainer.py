@@ -149,6 +149,7 @@ def train(cfg: TrainConfig, resume: Path | None = None, stages: list[int] | None
                     ckpt.prune(run_dir, cfg.logging.keep_last, protected=set(stage_ends.values()))
             actor.end_stage()
     finally:
+        worker.close()
         logger.close()
     return run_dir
 
