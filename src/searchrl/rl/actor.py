@@ -3,12 +3,15 @@ the frozen reference, the log-prob passes, checkpoints. It never knows which bac
 the trajectories it learns from.
 
 Every normaliser takes its denominator from outside (`units` of a mini-batch, the whitening
-`moments`): one process passes its own counts, several processes would pass global ones, and
-the gradients summed over micro-batches (and processes) are those of the whole mini-batch.
+`moments`): one process passes its own counts, several processes (`torchrun`, the policy sharded
+with FSDP2) pass global ones, and the gradients summed over micro-batches and processes are
+those of the whole mini-batch. Every choice that changes how many passes or optimizer steps run
+is taken by all ranks together (`Dist.any`, `Dist.max_count`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,12 +19,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from searchrl.errors import SearchRLError
 from searchrl.rl import checkpoint as ckpt
+from searchrl.rl import sharding
 from searchrl.rl.batch import RolloutBatch, group_chunks, group_order
 from searchrl.rl.config import TrainConfig
-from searchrl.rl.logprobs import batched_logprobs, micro_logprobs
+from searchrl.rl.distributed import LOCAL, Dist
+from searchrl.rl.logprobs import batched_logprobs, idle_pass, micro_logprobs
 from searchrl.rl.losses import LOSS_AGGREGATIONS, PolicyLossStats, kl_loss, loss_units, policy_loss
-from searchrl.rl.policy import Reference, autocast, load_policy, make_reference, set_update_mode
+from searchrl.rl.policy import Reference, autocast, compute_dtype, load_policy, make_reference, set_update_mode
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,13 @@ class _Accumulator:
         self.ratio_mean += stats.ratio_mean * tokens
         self.tokens += tokens
 
+    def reduced(self, d: Dist) -> _Accumulator:
+        """Sums over every rank (each rank's losses are its share of the global mini-batch's;
+        the gradient norm is already global)."""
+        sums = d.sum(torch.tensor([self.pg_loss, self.kl_loss, self.clip_frac, self.approx_kl, self.ratio_mean, self.tokens], dtype=torch.float64))
+        *floats, tokens = sums.tolist()
+        return _Accumulator(*floats, tokens=int(tokens), grad_norms=self.grad_norms)
+
     def stats(self, lr: float) -> UpdateStats:
         n, per_token = len(self.grad_norms), max(self.tokens, 1)
         return UpdateStats(
@@ -72,15 +85,24 @@ class _Accumulator:
 class Actor:
     """The trained policy (a transformers causal LM, LoRA-wrapped or not) and its optimizer."""
 
-    def __init__(self, cfg: TrainConfig, model, tokenizer) -> None:
-        self.cfg, self.model, self.tokenizer = cfg, model, tokenizer
+    def __init__(self, cfg: TrainConfig, model, tokenizer, dist: Dist = LOCAL) -> None:
+        self.cfg, self.model, self.tokenizer, self.dist = cfg, model, tokenizer, dist
         self.optimizer: torch.optim.Optimizer | None = None
         self.reference: Reference | None = None
 
     @classmethod
-    def load(cls, cfg: TrainConfig, checkpoint: Path | None = None, lora_resume: bool = False) -> Actor:
-        """`cfg.model`, or a checkpoint's weights (its adapter, with LoRA)."""
-        return cls(cfg, *load_policy(cfg, checkpoint, lora_resume))
+    def load(cls, cfg: TrainConfig, checkpoint: Path | None = None, lora_resume: bool = False, dist: Dist = LOCAL) -> Actor:
+        """`cfg.model`, or a checkpoint's weights (its adapter, with LoRA); sharded over the ranks
+        of `dist` when launched by torchrun."""
+        if not dist.sharded:
+            return cls(cfg, *load_policy(cfg, checkpoint, lora_resume))
+        if cfg.algorithm.lora.enabled:
+            raise SearchRLError("LoRA is trained in one process; with torchrun train all weights (algorithm.lora.enabled=false)")
+        model, tokenizer = load_policy(cfg)
+        sharding.shard(model, compute_dtype(cfg))
+        if checkpoint is not None:
+            sharding.load_sharded_model(checkpoint / ckpt.SHARDED_DIR, model)
+        return cls(cfg, model, tokenizer, dist)
 
     @property
     def device(self) -> torch.device:
@@ -93,17 +115,22 @@ class Actor:
     def autocast(self):
         return autocast(self.cfg)
 
-    def start_stage(self, reference_source: Path | None, optimizer_state: dict | None = None) -> None:
-        """A fresh optimizer (or the saved one, resuming) and the stage's reference, as the
-        authors launch Stage 2: from Stage 1's weights, with new optimizer state."""
+    def start_stage(self, reference_source: Path | None, resume_from: Path | None = None) -> None:
+        """A fresh optimizer (or, resuming, the one saved in the checkpoint `resume_from`) and the
+        stage's reference, as the authors launch Stage 2: from Stage 1's weights, with new
+        optimizer state."""
         alg = self.cfg.algorithm
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad], lr=alg.lr, betas=alg.betas, weight_decay=alg.weight_decay
         )
-        if optimizer_state is not None:
-            self.optimizer.load_state_dict(optimizer_state)
+        if resume_from is not None and self.dist.sharded:
+            sharding.load_sharded_optimizer(resume_from / ckpt.SHARDED_DIR, self.model, self.optimizer)
+        elif resume_from is not None:
+            self.optimizer.load_state_dict(ckpt.load_state(resume_from).optimizer)
         self.reference = None  # the previous stage's copy goes before the next one loads
         self.reference = make_reference(self.cfg, self.model, reference_source)
+        if self.reference is not None and self.dist.sharded:
+            sharding.shard(self.reference.model, compute_dtype(self.cfg))
 
     def end_stage(self) -> None:
         self.optimizer, self.reference = None, None
@@ -112,18 +139,22 @@ class Actor:
     def logprobs(self, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """(log-probs [B, T], entropy [B, T]) of the batch under the current weights, no gradient."""
         with self.autocast():
-            return batched_logprobs(self.model, batch, self.cfg.algorithm.micro_batch_size, self.cfg.rollout.temperature, with_entropy=True)
+            return batched_logprobs(self.model, batch, self.cfg.algorithm.micro_batch_size, self.cfg.rollout.temperature,
+                                    with_entropy=True, align=self.dist.max_count)
 
     def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:  # [B, T]
         if self.reference is None:
             return None
         with self.autocast():
-            return self.reference.logprobs(batch, self.cfg.algorithm.micro_batch_size, self.cfg.rollout.temperature)
+            return self.reference.logprobs(batch, self.cfg.algorithm.micro_batch_size, self.cfg.rollout.temperature, self.dist.max_count)
 
     # -- the update -------------------------------------------------------------------------------
-    def updates_per_step(self, batch_size: int) -> int:
-        alg = self.cfg.algorithm
-        return alg.ppo_epochs * math.ceil(batch_size / (alg.mini_batch_size or batch_size))
+    def mini_batches(self, batch_size: int) -> int:
+        """Optimizer steps per epoch: the global batch (all ranks' `batch_size`) over
+        `mini_batch_size`. Each rank splits its own rows into as many near-equal parts, so all
+        ranks step together even when their batches differ in size (a collective call)."""
+        mini, total = self.cfg.algorithm.mini_batch_size, int(self.dist.total(batch_size))
+        return math.ceil(total / mini) if mini else 1
 
     def lr_factor(self, update: int, steps: int, updates_per_step: int) -> float:
         """LR multiplier at optimizer update `update` of a stage of `steps` steps (warm-up, then
@@ -144,32 +175,36 @@ class Actor:
         with gradient accumulation. When `batch.old_logp` is None (one update per batch), each
         micro-batch's own first forward runs on the weights that sampled, so its detached
         log-probs become the old ones (and its entropy the logged one)."""
-        alg, b = self.cfg.algorithm, len(batch)
-        mini, per_step = alg.mini_batch_size or b, self.updates_per_step(b)
+        alg = self.cfg.algorithm
+        n_mini = self.mini_batches(len(batch))
+        per_step = alg.ppo_epochs * n_mini
         old_from_update = batch.old_logp is None
         if old_from_update:
             batch.old_logp, batch.entropy = torch.zeros_like(batch.sample_logp), torch.zeros_like(batch.sample_logp)
-        # Nothing to learn when every advantage is 0 and no other term has a gradient.
-        has_signal = bool(batch.advantages.abs().sum() > 0) or alg.entropy_coef > 0 or self._k3_kl(batch)
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        # Nothing to learn when every advantage of every rank is 0 and no other term has a gradient.
+        has_signal = self.dist.any(bool(batch.advantages.abs().sum() > 0)) or alg.entropy_coef > 0 or self._k3_kl(batch)
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
         acc = _Accumulator()
         for epoch in range(alg.ppo_epochs):
             order = group_order(batch.group_ids, batch.response_lengths(), shuffle).to(batch.mask.device)
-            for u, start in enumerate(range(0, b, mini)):
-                rows = order[start : start + mini]
-                units = loss_units(batch.mask[rows], alg.loss_agg)  # the mini-batch's denominator
-                self._set_lr(stage_step * per_step + epoch * math.ceil(b / mini) + u, stage_steps, per_step)
+            for u, rows in enumerate(torch.tensor_split(order, n_mini)):
+                units = int(self.dist.total(loss_units(batch.mask[rows], alg.loss_agg)))  # the global mini-batch's denominator
+                self._set_lr(stage_step * per_step + epoch * n_mini + u, stage_steps, per_step)
                 if not has_signal or units == 0:
                     continue  # no policy token, or nothing to learn from
                 self.optimizer.zero_grad(set_to_none=True)
                 set_update_mode(self.model, alg.gradient_checkpointing)
-                for idx in group_chunks(rows, batch.group_ids, alg.micro_batch_size):
-                    if bool(batch.mask[idx].any()):
-                        self._backward(batch, idx, units, old_from_update, acc)
-                acc.grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, alg.max_grad_norm or float("inf"))))
+                chunks = [idx for idx in group_chunks(rows, batch.group_ids, alg.micro_batch_size) if bool(batch.mask[idx].any())]
+                passes = self.dist.max_count(len(chunks))  # agreed before any rank's first forward
+                for idx in chunks:
+                    self._backward(batch, idx, units, old_from_update, acc)
+                for _ in range(passes - len(chunks)):
+                    idle_pass(self.model, backward=True)
+                norm = torch.nn.utils.clip_grad_norm_(params, alg.max_grad_norm or float("inf"))
+                acc.grad_norms.append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
                 self.optimizer.step()
         self.model.eval()
-        return acc.stats(self.optimizer.param_groups[0]["lr"])
+        return acc.reduced(self.dist).stats(self.optimizer.param_groups[0]["lr"])
 
     def _backward(self, batch: RolloutBatch, idx: torch.Tensor, units: int, old_from_update: bool, acc: _Accumulator) -> None:
         """Loss and backward of the micro-batch `idx`, divided by its mini-batch's `units`."""
@@ -201,5 +236,20 @@ class Actor:
             group["lr"] = self.cfg.algorithm.lr * self.lr_factor(update, stage_steps, per_step)
 
     # -- checkpoints ------------------------------------------------------------------------------
-    def save(self, run_dir: Path, step: int, state: ckpt.TrainerState) -> Path:
-        return ckpt.save_checkpoint(run_dir, step, self.model, self.tokenizer, state)
+    def save(self, run_dir: Path, step: int, state: ckpt.TrainerState, export: bool) -> Path:
+        """Checkpoint `step` with the optimizer and RNG states. One process writes the model with
+        `save_pretrained`; sharded, every rank writes its shards (DCP) and its RNG, and `export`
+        (a stage's end) adds the whole model as a `save_pretrained` folder."""
+        if not self.dist.sharded:
+            state = dataclasses.replace(state, optimizer=self.optimizer.state_dict(), rng=ckpt.rng_state())
+
+            def write(folder: Path) -> None:
+                self.model.save_pretrained(folder)
+                self.tokenizer.save_pretrained(folder)
+        else:
+            def write(folder: Path) -> None:
+                sharding.save_sharded(folder / ckpt.SHARDED_DIR, self.model, self.optimizer)
+                ckpt.save_rank_rng(folder, self.dist.rank)
+                if export:
+                    sharding.export_full(folder, self.model, self.tokenizer, self.dist.main)
+        return ckpt.save_checkpoint(run_dir, step, write, state, self.dist)

@@ -2,6 +2,10 @@
 + `trainer_state.pt`, written into a hidden temp folder and renamed into place, so a folder named
 `step_XXXX` is always complete; `checkpoints/latest` names the newest one and is written last.
 
+Several ranks (torchrun) write into the same temp folder: `sharded/` (DCP: each rank's shards of
+the weights and optimizer state), `rng_rank_XXX.pt` each, and at a stage's end the whole model
+as a `save_pretrained` export; rank 0 writes `trainer_state.pt` and renames once all are done.
+
 Resuming picks the highest complete `step_XXXX` (the pointer is checked, not trusted: a crash
 between the rename and the pointer write leaves the pointer one checkpoint behind).
 """
@@ -13,6 +17,7 @@ import random
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -20,8 +25,10 @@ import numpy as np
 import torch
 
 from searchrl.errors import SearchRLError
+from searchrl.rl.distributed import LOCAL, Dist
 
 STATE_FILE = "trainer_state.pt"
+SHARDED_DIR = "sharded"
 LATEST = "latest"
 _NAME = re.compile(r"^step_(\d+)$")
 
@@ -38,15 +45,16 @@ class TrainerState:
     metrics_lines: int  # records of metrics.jsonl up to this step
     stage_ends: dict[int, str]  # stage -> the checkpoint that ended it (the next stage starts there)
     lora: bool  # the weights are saved as a LoRA adapter
-    optimizer: dict  # the optimizer's state_dict
-    rng: dict  # `rng_state()`
+    world_size: int = 1  # processes that trained (sharded checkpoints resume on as many)
+    optimizer: dict | None = None  # the optimizer's state_dict (one process; sharded: in DCP)
+    rng: dict | None = None  # `rng_state()` (one process; sharded: one file per rank)
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}  # no deep copy of the tensors
 
     @classmethod
     def from_dict(cls, data: dict) -> TrainerState:
-        return cls(**{f.name: data[f.name] for f in fields(cls)})
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
 
 def checkpoint_name(step: int) -> str:
@@ -69,27 +77,50 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: TrainerState) -> Path:
-    """Write `checkpoints/step_XXXX` atomically, then point `checkpoints/latest` at it."""
+def rank_rng_file(folder: Path, rank: int) -> Path:
+    return Path(folder) / f"rng_rank_{rank:03d}.pt"
+
+
+def save_rank_rng(folder: Path, rank: int) -> None:
+    torch.save(rng_state(), rank_rng_file(folder, rank))
+
+
+def load_rng(folder: Path, state: TrainerState, rank: int) -> dict:
+    """This rank's saved RNG state: in the trainer state (one process) or its own file."""
+    if state.rng is not None:
+        return state.rng
+    return torch.load(rank_rng_file(folder, rank), map_location="cpu", weights_only=False)
+
+
+def save_checkpoint(run_dir: Path, step: int, write: Callable[[Path], None], state: TrainerState, dist: Dist = LOCAL) -> Path:
+    """Write `checkpoints/step_XXXX` atomically, then point `checkpoints/latest` at it.
+
+    `write(folder)` writes the model's files (on every rank, into the same folder); rank 0 adds
+    the trainer state once every rank is done, renames, and moves the pointer."""
     root = Path(run_dir) / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
     name = checkpoint_name(step)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root))
+    if dist.main:
+        root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(dist.broadcast(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root) if dist.main else None))
+    final = root / name
     try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        torch.save(state.to_dict(), tmp / STATE_FILE)  # last: its presence marks the folder complete
-        tmp.chmod(0o755)
-        final = root / name
-        if final.exists():  # the same step saved again after a resume: replace it
-            shutil.rmtree(final)
-        os.rename(tmp, final)
+        write(tmp)
+        dist.barrier()
+        if dist.main:
+            torch.save(state.to_dict(), tmp / STATE_FILE)  # last: its presence marks the folder complete
+            tmp.chmod(0o755)
+            if final.exists():  # the same step saved again after a resume: replace it
+                shutil.rmtree(final)
+            os.rename(tmp, final)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if dist.main:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
-    pointer = root / f".{LATEST}.tmp"
-    pointer.write_text(name + "\n")
-    os.replace(pointer, root / LATEST)
+    if dist.main:
+        pointer = root / f".{LATEST}.tmp"
+        pointer.write_text(name + "\n")
+        os.replace(pointer, root / LATEST)
+    dist.barrier()  # no rank goes on (and may prune or resume) before the folder is in place
     return final
 
 

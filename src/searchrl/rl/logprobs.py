@@ -16,9 +16,15 @@ Two savings, both exact (same values and gradients as the plain forward):
   every response flow back into that single pass.
 
 Values at non-policy positions are 0: nothing reads them.
+
+A model sharded with FSDP2 runs neither saving (its root must run every forward, and one backward
+per forward), and its ranks must run equally many forwards: `align` gives each pass the largest
+count over ranks, and a rank short of it runs `idle_pass`es.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -32,6 +38,7 @@ from searchrl.compat import (
 )
 from searchrl.rl.batch import RolloutBatch, group_chunks, group_order
 from searchrl.rl.losses import entropy_from_logits, token_logprobs
+from searchrl.rl.sharding import is_sharded
 
 # Positions per slice when reducing logits: bounds the softmax temporaries to [128, V] rows
 # instead of another copy of the logits.
@@ -41,6 +48,8 @@ LOGIT_CHUNK = 128
 def _split_head(model):
     """(decoder, output head) when logits may be taken at chosen positions, else None."""
     config = getattr(model, "config", None)
+    if is_sharded(model):
+        return None  # the decoder called alone would find the root's weights still sharded
     if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
         return None  # the model post-processes its logits: use them as it makes them
     try:
@@ -144,7 +153,7 @@ def micro_logprobs(
 ) -> tuple[Tensor, Tensor | None]:
     """The shared-prompt pass when it applies (several rows of one group), else the plain one.
     `entropy_grad`: keep the entropy in the graph (an entropy bonus); else it is only logged."""
-    shared = share_prompt and len(mb) > 1 and len(set(mb.group_ids)) == 1
+    shared = share_prompt and len(mb) > 1 and len(set(mb.group_ids)) == 1 and not is_sharded(model)
     fn = shared_prompt_logprobs if shared else response_logprobs
     return fn(model, mb, temperature, with_entropy, entropy_grad)
 
@@ -157,17 +166,35 @@ def batched_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     share_prompt: bool = True,
+    align: Callable[[int], int] | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Log-probs of the whole batch in micro-batches, no gradient -> ([B, T], entropy [B, T])."""
+    """Log-probs of the whole batch in micro-batches, no gradient -> ([B, T], entropy [B, T]).
+    `align(n)`: the number of forwards every rank runs when this one needs `n`."""
     b, t = batch.labels.shape
     logp = torch.zeros((b, t), dtype=torch.float32, device=batch.labels.device)
     entropy = torch.zeros_like(logp)
     has_tokens = batch.mask.any(dim=-1).tolist()
     order = group_order(batch.group_ids, batch.response_lengths())
     active = torch.tensor([i for i in order.tolist() if has_tokens[i]], dtype=torch.long, device=batch.mask.device)
-    for idx in group_chunks(active, batch.group_ids, micro_batch_size):
+    chunks = group_chunks(active, batch.group_ids, micro_batch_size)
+    passes = align(len(chunks)) if align else len(chunks)  # agreed before any rank's first forward
+    for idx in chunks:
         lp, ent = micro_logprobs(model, batch.rows(idx), temperature, with_entropy, share_prompt)
         logp[idx, : lp.shape[1]] = lp.float()
         if ent is not None:
             entropy[idx, : ent.shape[1]] = ent.float()
+    for _ in range(passes - len(chunks)):
+        idle_pass(model)
+    if is_sharded(model):  # FSDP keeps the root unsharded after a forward with no backward to follow
+        model.reshard()
     return logp, entropy
+
+
+def idle_pass(model, backward: bool = False) -> None:
+    """A one-token forward (and backward) that changes nothing: what a sharded model's rank runs
+    while the others still have micro-batches, so that every rank's collectives match."""
+    ids = torch.zeros((1, 1), dtype=torch.long, device=next(model.parameters()).device)
+    with torch.set_grad_enabled(backward):
+        out = model(input_ids=ids, use_cache=False, **({"logits_to_keep": 1} if takes_logits_to_keep(model) else {}))
+        if backward:
+            (out.logits.float().sum() * 0.0).backward()

@@ -77,10 +77,10 @@ class FrozenReference:
     def __init__(self, model) -> None:
         self.model = model
 
-    def logprobs(self, batch, micro_batch_size: int, temperature: float):  # -> [B, T]
+    def logprobs(self, batch, micro_batch_size: int, temperature: float, align=None):  # -> [B, T]
         from searchrl.rl.logprobs import batched_logprobs
 
-        return batched_logprobs(self.model, batch, micro_batch_size, temperature)[0]
+        return batched_logprobs(self.model, batch, micro_batch_size, temperature, align=align)[0]
 
 
 class AdapterOffReference:
@@ -90,11 +90,11 @@ class AdapterOffReference:
     def __init__(self, peft_model) -> None:
         self.model = peft_model
 
-    def logprobs(self, batch, micro_batch_size: int, temperature: float):  # -> [B, T]
+    def logprobs(self, batch, micro_batch_size: int, temperature: float, align=None):  # -> [B, T]
         from searchrl.rl.logprobs import batched_logprobs
 
         with self.model.disable_adapter():
-            return batched_logprobs(self.model, batch, micro_batch_size, temperature)[0]
+            return batched_logprobs(self.model, batch, micro_batch_size, temperature, align=align)[0]
 
 
 Reference = FrozenReference | AdapterOffReference

@@ -3,7 +3,8 @@ chosen by name (`rollout.backend`). It never sees an optimizer; after every upda
 hands it the actor's new weights (`sync_weights`).
 
 - `hf`: the backend runs the actor's own model object, so the weights are always current and
-  syncing is a no-op.
+  syncing is a no-op; with a sharded actor (torchrun) it holds a whole copy of its own, in the
+  compute dtype, into which each update is gathered (a sharded forward would need every rank).
 - `vllm`: an engine of its own, colocated on the actor's device; weights are pushed into it after
   each update, and `sleep` / `wake` free its KV-cache memory while the actor trains (GPU).
 """
@@ -30,10 +31,17 @@ class RolloutWorker:
     def create(cls, actor: Actor, retriever: Retriever, protocol: Protocol) -> RolloutWorker:
         """The backend `actor.cfg.rollout.backend` names, holding the actor's current weights."""
         cfg = actor.cfg
-        if cfg.rollout.backend == "hf":
+        if cfg.rollout.backend == "hf" and not actor.dist.sharded:
             from searchrl.rollout.hf_backend import HFBackend
 
             backend = HFBackend(actor.model, actor.tokenizer)
+        elif cfg.rollout.backend == "hf":  # a sharded model would need every rank in each forward
+            from searchrl.assets import load_model
+            from searchrl.rl.policy import compute_dtype
+            from searchrl.rollout.hf_backend import HFBackend
+
+            backend = HFBackend(*load_model(cfg.model, device=cfg.device, dtype=compute_dtype(cfg)))
+            backend.sync_weights(actor.model)
         else:
             from searchrl.rollout.backend import make_backend
 

@@ -8,6 +8,9 @@
 4. **update**: the actor's clipped updates; then the worker receives the new weights;
 5. **record**: the metrics line and the sampled trajectories.
 
+With several processes (torchrun) each rank collects, scores and prepares whole question groups of
+its own, the update's statistics are global (`Actor`), and `record` sees every rank's rollouts.
+
 Old log-probs come from one no-grad pass of the current weights (the sampler's log-probs come
 from another code path, possibly another engine; their gap is logged as `logprob_mismatch`) —
 or, when the batch makes exactly one optimizer step, from that step's own forward, which runs on
@@ -17,7 +20,7 @@ the same weights (`prepare` then leaves them to the update).
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, astuple, dataclass
 
 import numpy as np
 import torch
@@ -30,7 +33,7 @@ from searchrl.rl.actor import Actor, UpdateStats
 from searchrl.rl.advantages import compute_advantages
 from searchrl.rl.batch import RolloutBatch, make_batch
 from searchrl.rl.config import StageConfig
-from searchrl.rl.losses import kl_penalty, masked_mean
+from searchrl.rl.losses import kl_penalty, masked_sum
 from searchrl.rl.rollout_worker import RolloutWorker
 
 # Keys of a step record that measure time, not learning (they differ between identical runs).
@@ -53,6 +56,18 @@ class Scored:
     trajectories: list[Trajectory]
     rewards: list[RewardBreakdown]
     group_ids: list[int]
+
+    @classmethod
+    def concat(cls, parts: list[Scored]) -> Scored:
+        """The rollouts of several ranks, in rank order, groups renumbered to stay distinct."""
+        out, groups = cls([], [], [], []), 0
+        for p in parts:
+            out.questions += p.questions
+            out.trajectories += p.trajectories
+            out.rewards += p.rewards
+            out.group_ids += [groups + g for g in p.group_ids]
+            groups += max(p.group_ids, default=-1) + 1
+        return out
 
 
 @dataclass(frozen=True)
@@ -80,7 +95,12 @@ def train_step(actor: Actor, worker: RolloutWorker, stage_cfg: StageConfig, ques
     t3 = time.perf_counter()
     # Left to the update, the old log-probs exist only if an update ran.
     have_old = not old_from_update or stats.updates > 0
-    return record(at, scored, batch, stats, have_old, Timing(t1 - t0, t2 - t1, t3 - t2, t3 - t0)), samples(at, scored)
+    parts = actor.dist.gather((scored, token_sums(batch), Timing(t1 - t0, t2 - t1, t3 - t2, t3 - t0)))
+    everyone = Scored.concat([p[0] for p in parts])
+    sums = torch.cat([p[1] for p in parts])
+    timing = Timing(*np.max([astuple(p[2]) for p in parts], axis=0).tolist())  # the slowest rank's
+    has_ref = batch.ref_logp is not None
+    return record(at, everyone, sums, stats, have_old, has_ref, timing), samples(at, everyone)
 
 
 def score(trajectories: list[Trajectory], questions: list[Question], stage_cfg: StageConfig, worker: RolloutWorker) -> Scored:
@@ -100,44 +120,71 @@ def prepare(actor: Actor, scored: Scored) -> RolloutBatch:
     alg = actor.cfg.algorithm
     batch = make_batch(scored.trajectories, [r.total for r in scored.rewards], scored.group_ids, actor.pad_id, actor.device)
     kl_in_reward = alg.kl_kind == "k1-reward" and actor.reference is not None
-    one_update = alg.ppo_epochs == 1 and (alg.mini_batch_size or len(batch)) >= len(batch)
+    one_update = alg.ppo_epochs == 1 and actor.mini_batches(len(batch)) == 1
     batch.ref_logp = actor.reference_logprobs(batch)
     if not one_update or kl_in_reward:  # the k1 reward needs the old log-probs before the update
         batch.old_logp, batch.entropy = actor.logprobs(batch)
     kl_tokens = kl_penalty(batch.old_logp, batch.ref_logp, "k1") if kl_in_reward else None
     batch.advantages = compute_advantages(
-        alg.advantage, batch.rewards, batch.group_ids, batch.mask, kl=kl_tokens, kl_coef=alg.kl_coef if kl_in_reward else 0.0
+        alg.advantage, batch.rewards, batch.group_ids, batch.mask, kl=kl_tokens, kl_coef=alg.kl_coef if kl_in_reward else 0.0,
+        moments=actor.dist.moments,
     )
     return batch
 
 
-def record(at: StepIndex, scored: Scored, batch: RolloutBatch, stats: UpdateStats, have_old: bool, timing: Timing) -> dict:
-    """The step's line of metrics.jsonl; `have_old`: the batch's old log-probs were computed."""
-    trajs, rewards, mask = scored.trajectories, scored.rewards, batch.mask
+# Per-rollout sums over policy tokens that the step's record needs, columns of `token_sums`.
+_SUMS = ("policy_tokens", "response_tokens", "kl", "entropy", "mismatch")
+
+
+def token_sums(batch: RolloutBatch) -> torch.Tensor:  # -> [B, len(_SUMS)] float64, CPU
+    """What `record` reads from the batch tensors, summed per rollout, so that the means over
+    every rank's tokens are sums of these (gathered) divided by the policy tokens. Columns whose
+    log-probs were never computed are 0 (`record` then writes None)."""
+    mask, zero = batch.mask, torch.zeros(len(batch))
+    have_old = batch.old_logp is not None
+    kl = masked_sum(kl_penalty(batch.old_logp, batch.ref_logp, "k3"), mask, -1) if have_old and batch.ref_logp is not None else zero
+    cols = [
+        mask.sum(dim=-1), batch.response_lengths(), kl,
+        masked_sum(batch.entropy, mask, -1) if have_old else zero,
+        masked_sum((batch.sample_logp - batch.old_logp).abs(), mask, -1) if have_old else zero,
+    ]
+    return torch.stack([c.detach().double().cpu() for c in cols], dim=1)
+
+
+def record(at: StepIndex, scored: Scored, sums: torch.Tensor, stats: UpdateStats, have_old: bool, has_ref: bool,
+           timing: Timing) -> dict:
+    """The step's line of metrics.jsonl from every rollout of the step (`sums`: their
+    `token_sums`); `have_old`: the old log-probs were computed; `has_ref`: a reference ran."""
+    trajs, rewards = scored.trajectories, scored.rewards
     f1 = ANSWER_METRICS.get("f1")
-    policy_tokens = mask.sum(dim=-1).float()  # [B]
+    col = dict(zip(_SUMS, sums.unbind(dim=1)))
+    tokens = float(col["policy_tokens"].sum())
+
+    def per_token(name: str) -> float:
+        return float(col[name].sum()) / max(tokens, 1.0)
+
     out = {
         "stage": at.stage,
         "step": at.step,
         "stage_step": at.stage_step + 1,
-        "reward": float(batch.rewards.mean()),
+        "reward": _mean(r.total for r in rewards),
         "reward_retrieve": _mean(r.retrieve for r in rewards),
         "reward_format": _mean(r.format for r in rewards),
         "reward_answer": _mean(r.answer for r in rewards),
-        "reward_std": float(batch.rewards.std(unbiased=False)),
+        "reward_std": float(np.std([r.total for r in rewards])),
         "search_rate": _mean(t.n_searches >= 1 for t in trajs),
         "searches": _mean(t.n_searches for t in trajs),
         "format_ok": _mean(r.format_ok for r in rewards),
         "answer_f1": _mean(f1(t.answer, q.answers) for t, q in zip(trajs, scored.questions)),
         "answer_rate": _mean(t.answer is not None for t in trajs),
-        "response_tokens": float(policy_tokens.mean()),
-        "env_tokens": float((batch.response_lengths().float() - policy_tokens).mean()),
-        "kl": float(masked_mean(kl_penalty(batch.old_logp, batch.ref_logp, "k3"), mask)) if have_old and batch.ref_logp is not None else None,
-        "entropy": float(masked_mean(batch.entropy, mask)) if have_old else None,
-        "logprob_mismatch": float(masked_mean((batch.sample_logp - batch.old_logp).abs(), mask)) if have_old else None,
+        "response_tokens": float(col["policy_tokens"].mean()),
+        "env_tokens": float((col["response_tokens"] - col["policy_tokens"]).mean()),
+        "kl": per_token("kl") if have_old and has_ref else None,
+        "entropy": per_token("entropy") if have_old else None,
+        "logprob_mismatch": per_token("mismatch") if have_old else None,
         **asdict(stats),
-        "rollouts": len(batch),
-        "tokens_per_s": int(mask.sum()) / max(timing.rollout_seconds, 1e-9),
+        "rollouts": len(trajs),
+        "tokens_per_s": tokens / max(timing.rollout_seconds, 1e-9),
         **asdict(timing),
     }
     for reason in STOP_REASONS:

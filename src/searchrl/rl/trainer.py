@@ -4,11 +4,16 @@ checkpoints. A step is `searchrl.rl.step.train_step`; the policy and its optimiz
 
 Stage 2 continues from Stage 1's weights in the same process (or, resumed, from the Stage-1
 checkpoint) with a fresh optimizer, its own data and reward, as the authors launch it.
+
+Launched by `torchrun`, every rank runs this same loop: the step's questions are the seeded
+sequence of one process, split across ranks in contiguous whole groups; the policy is sharded
+with FSDP2; rank 0 alone opens the run directory, logs, and writes samples.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from datetime import datetime
 from pathlib import Path
@@ -23,6 +28,7 @@ from searchrl.protocol import Protocol
 from searchrl.rl import checkpoint as ckpt
 from searchrl.rl.actor import Actor
 from searchrl.rl.config import TrainConfig
+from searchrl.rl.distributed import Dist, close_distributed, init_distributed
 from searchrl.rl.rollout_worker import RolloutWorker
 from searchrl.rl.sampler import PromptSampler
 from searchrl.rl.step import StepIndex, train_step
@@ -46,9 +52,10 @@ def stage_questions(stage_cfg) -> list[Question]:
     return kept
 
 
-def step_seed(seed: int, stage: int, step: int) -> int:
-    """Sampling seed of one step: fixed by (seed, stage, step), so a resumed run samples the same."""
-    return int(np.random.SeedSequence([seed, stage, step]).generate_state(1)[0])
+def step_seed(seed: int, stage: int, step: int, rank: int = 0) -> int:
+    """Sampling seed of one step (and rank, for ranks past 0): fixed by (seed, stage, step), so a
+    resumed run samples the same."""
+    return int(np.random.SeedSequence([seed, stage, step] + ([rank] if rank else [])).generate_state(1)[0])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -64,6 +71,14 @@ def _stage_plan(cfg: TrainConfig, stages: list[int] | None) -> list[int]:
     if not plan:
         raise SearchRLError("nothing to train: every selected stage is disabled or has steps: 0")
     return plan
+
+
+def _check_world(cfg: TrainConfig, plan: list[int], d: Dist) -> None:
+    """Every rank rolls out at least one whole question group, or the run is refused up front."""
+    for s in plan:
+        if cfg.stage(s).prompts_per_step < d.world:
+            raise SearchRLError(f"stage{s}.prompts_per_step={cfg.stage(s).prompts_per_step} is fewer than the {d.world} processes; "
+                                f"give each rank at least one question (or launch fewer processes)")
 
 
 def _open_run(cfg: TrainConfig, resume: Path | None) -> tuple[Path, ckpt.TrainerState | None, Path | None]:
@@ -95,11 +110,26 @@ def train(cfg: TrainConfig, resume: Path | None = None, stages: list[int] | None
     `stages`: which of [1, 2] to run (default both; disabled or zero-step stages are skipped).
     `resume`: a run directory; training continues after its newest complete checkpoint with the
     saved optimizer, RNG and data position, so the finished run equals an uninterrupted one.
+    Under torchrun, one process per device (`cuda:LOCAL_RANK`, NCCL; gloo on CPU).
     """
-    run_dir, state, state_dir = _open_run(cfg, resume)
+    d, device = init_distributed(cfg.device)
+    try:
+        return _train(cfg.model_copy(update={"device": device}), resume, stages, d)
+    finally:
+        close_distributed(d)
+
+
+def _train(cfg: TrainConfig, resume: Path | None, stages: list[int] | None, d: Dist) -> Path:
+    opened = _open_run(cfg, resume) if d.main else None
+    run_dir, state_dir = d.broadcast(opened and (opened[0], opened[2]))
+    state = opened[1] if d.main else (ckpt.load_state(state_dir) if state_dir is not None else None)
     plan = state.plan if state is not None and stages is None else _stage_plan(cfg, stages)
+    _check_world(cfg, plan, d)
+    if state is not None and state.world_size != d.world:
+        raise SearchRLError(f"{run_dir} was trained by {state.world_size} process(es); resume it with as many (torchrun --nproc_per_node {state.world_size})")
     cfg = cfg.model_copy(update={"out": str(run_dir)})
-    dump_config(cfg, run_dir / "config.yaml")
+    if d.main:
+        dump_config(cfg, run_dir / "config.yaml")
     torch.manual_seed(cfg.seed)
     offsets = {s: sum(cfg.stage(x).steps for x in plan[: plan.index(s)]) for s in plan}
 
@@ -109,14 +139,16 @@ def train(cfg: TrainConfig, resume: Path | None = None, stages: list[int] | None
     if state is not None:
         first = plan.index(state.stage) + (state.stage_step >= cfg.stage(state.stage).steps)
         if first >= len(plan):
-            print(f"{run_dir}: every stage is already complete", flush=True)
+            if d.main:
+                print(f"{run_dir}: every stage is already complete", flush=True)
             return run_dir
-    actor = Actor.load(cfg, state_dir, lora_resume=bool(state and state.lora))
+    actor = Actor.load(cfg, state_dir, lora_resume=bool(state and state.lora), dist=d)
     if state is not None:
-        ckpt.set_rng_state(state.rng)
+        ckpt.set_rng_state(ckpt.load_rng(state_dir, state, d.rank))
     retriever = cfg.retrieval.open()
     worker = RolloutWorker.create(actor, retriever, Protocol.from_config(cfg.protocol))
-    logger = RunLogger(run_dir, cfg.logging.tensorboard, purge_step=state.step + 1 if state else None, echo=cfg.logging.progress)
+    logger = RunLogger(run_dir, cfg.logging.tensorboard, purge_step=state.step + 1 if state else None,
+                       echo=cfg.logging.progress) if d.main else None
     metrics_lines = state.metrics_lines if state else 0
     try:
         for stage in plan[first:]:
@@ -126,14 +158,16 @@ def train(cfg: TrainConfig, resume: Path | None = None, stages: list[int] | None
             sampler = PromptSampler(stage_questions(stage_cfg), cfg.seed, stage, state.data_position if resuming else 0)
             prev = plan[plan.index(stage) - 1] if plan.index(stage) > 0 else None
             actor.start_stage(run_dir / "checkpoints" / stage_ends[prev] if prev is not None else None,
-                              state.optimizer if resuming else None)
+                              state_dir if resuming else None)
             for k in range(start_step, stage_cfg.steps):
                 step = offsets[stage] + k + 1
-                at = StepIndex(stage, step, k, step_seed(cfg.seed, stage, step))
-                record, samples = train_step(actor, worker, stage_cfg, sampler.take(stage_cfg.prompts_per_step), at, cfg.logging.progress)
-                logger.log(record)
+                at = StepIndex(stage, step, k, step_seed(cfg.seed, stage, step, d.rank))
+                questions = d.rank_slice(sampler.take(stage_cfg.prompts_per_step))
+                record, samples = train_step(actor, worker, stage_cfg, questions, at, cfg.logging.progress and d.main)
                 metrics_lines += 1
-                _write_samples(run_dir, step, samples, cfg)
+                if d.main:
+                    logger.log(record)
+                    _write_samples(run_dir, step, samples, cfg)
                 if cfg.debug_crash_after_step == step:  # dies as a kill would: logged, not saved
                     raise RuntimeError(f"debug_crash_after_step={step}: simulated crash")
                 last = k + 1 == stage_cfg.steps
@@ -143,14 +177,15 @@ def train(cfg: TrainConfig, resume: Path | None = None, stages: list[int] | None
                         stage_ends[stage] = ckpt.checkpoint_name(step)
                     actor.save(run_dir, step, ckpt.TrainerState(
                         plan=plan, stage=stage, stage_step=k + 1, step=step, data_position=sampler.position,
-                        metrics_lines=metrics_lines, stage_ends=stage_ends, lora=cfg.algorithm.lora.enabled,
-                        optimizer=actor.optimizer.state_dict(), rng=ckpt.rng_state(),
-                    ))
-                    ckpt.prune(run_dir, cfg.logging.keep_last, protected=set(stage_ends.values()))
+                        metrics_lines=metrics_lines, stage_ends=stage_ends, lora=cfg.algorithm.lora.enabled, world_size=d.world,
+                    ), export=last)
+                    if d.main:
+                        ckpt.prune(run_dir, cfg.logging.keep_last, protected=set(stage_ends.values()))
             actor.end_stage()
     finally:
         worker.close()
-        logger.close()
+        if logger is not None:
+            logger.close()
     return run_dir
 
 
@@ -180,5 +215,6 @@ def train_command(config: str | None, overrides: list[str], stage: int | None, r
     pairs = list(overrides) + ([f"out={json.dumps(out)}"] if out else [])
     cfg = load_config(TrainConfig, config, pairs)
     run_dir = train(cfg, Path(resume) if resume else None, [stage] if stage else None)
-    print(f"run directory: {run_dir}  (plot it: searchrl plot {run_dir})", flush=True)
+    if os.environ.get("RANK", "0") == "0":  # torchrun: rank 0 speaks for the run
+        print(f"run directory: {run_dir}  (plot it: searchrl plot {run_dir})", flush=True)
     return run_dir

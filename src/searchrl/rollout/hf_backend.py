@@ -47,6 +47,7 @@ from searchrl.rollout.backend import (
 )
 from searchrl.rollout.kv_groups import Group, make_cache, merge_rows, plan_buckets, select_rows
 from searchrl.rollout.sampling import sample_tokens
+from searchrl.rollout.weights import named_weights
 
 __all__ = ["HFBackend", "plan_buckets", "sample_tokens"]
 
@@ -153,9 +154,14 @@ class HFBackend(GenerationBackend):
 
     def sync_weights(self, model) -> None:
         """Nothing to do when `model` is the one this backend generates with (the trainer hands
-        over its policy object); another model's parameters are copied in."""
-        if model is not self.model:
-            self.model.load_state_dict(model.state_dict())
+        over its policy object); another model's weights (sharded, or with LoRA adapters to
+        merge) are copied in by name."""
+        if model is self.model:
+            return
+        params = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, w in named_weights(model):
+                params[name].copy_(w)
 
     def _seq(self, h: int) -> _Seq:
         try:

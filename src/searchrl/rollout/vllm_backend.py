@@ -46,7 +46,7 @@ import math
 import os
 import random
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import count
 
@@ -63,6 +63,7 @@ from searchrl.rollout.backend import (
     per_sequence_budgets,
 )
 from searchrl.rollout.hf_backend import HFBackend
+from searchrl.rollout.weights import named_weights
 
 log = logging.getLogger(__name__)
 
@@ -408,32 +409,6 @@ class VLLMBackend(GenerationBackend):
         if key not in self._warned:
             self._warned.add(key)
             log.warning(msg, *args)
-
-
-def named_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(checkpoint name, tensor) for every weight of a transformers causal LM, as `save_pretrained`
-    names them. A peft LoRA model yields its base weights with the active adapters merged
-    (W + scale * B @ A, computed here; the model keeps its separate adapters) under the base
-    model's names, so the engine serves exactly what the trainer's forward computes."""
-    if not hasattr(model, "get_base_model"):
-        for name, p in model.named_parameters():
-            yield name, p.detach()
-        return
-    from peft.tuners.lora import LoraLayer
-
-    base = model.get_base_model()
-    deltas = {}
-    for name, module in base.named_modules():
-        if isinstance(module, LoraLayer) and not module.disable_adapters and not module.merged:
-            active = [a for a in module.active_adapters if a in module.lora_A]
-            if active:
-                deltas[f"{name}.base_layer.weight"] = sum(module.get_delta_weight(a) for a in active)
-    with torch.no_grad():
-        for name, p in base.named_parameters():
-            if ".lora_" in name:
-                continue
-            w = p.detach()
-            yield name.replace(".base_layer.", "."), (w + deltas[name].to(w.dtype)) if name in deltas else w
 
 
 def _reprocess_tied_layers(model: torch.nn.Module) -> int:

@@ -1,0 +1,42 @@
+"""A policy's weights as (checkpoint name, tensor) pairs: what a rollout engine of its own loads
+after every update (`GenerationBackend.sync_weights`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    """The full tensor of an FSDP2 shard (a DTensor; an all-gather), else `t`."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def named_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(checkpoint name, tensor) for every weight of a transformers causal LM, as `save_pretrained`
+    names them. A peft LoRA model yields its base weights with the active adapters merged
+    (W + scale * B @ A, computed here; the model keeps its separate adapters) under the base
+    model's names, so the engine serves exactly what the trainer's forward computes.
+
+    A model sharded with FSDP2 yields whole tensors, gathered one at a time (each rank must
+    consume the iterator to its end, in step with the others)."""
+    if not hasattr(model, "get_base_model"):
+        for name, p in model.named_parameters():
+            yield name, _whole(p.detach())
+        return
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    deltas = {}
+    for name, module in base.named_modules():
+        if isinstance(module, LoraLayer) and not module.disable_adapters and not module.merged:
+            active = [a for a in module.active_adapters if a in module.lora_A]
+            if active:
+                deltas[f"{name}.base_layer.weight"] = sum(module.get_delta_weight(a) for a in active)
+    with torch.no_grad():
+        for name, p in base.named_parameters():
+            if ".lora_" in name:
+                continue
+            w = p.detach()
+            yield name.replace(".base_layer.", "."), (w + deltas[name].to(w.dtype)) if name in deltas else w
