@@ -3,9 +3,11 @@ tiny-random model through the CLI for the plumbing (files, keys, errors)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import re
+import threading
 
 import pytest
 import yaml
@@ -16,7 +18,7 @@ from searchrl.assets import load_tokenizer
 from searchrl.cli import app
 from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.data.types import Passage, Question
-from searchrl.errors import SearchRLError
+from searchrl.errors import RetrievalUnavailable, SearchRLError
 from searchrl.eval.compare import compare_markdown
 from searchrl.eval.run import EvalConfig, answer_prompt, predict, run_eval
 from searchrl.eval.score import score_file
@@ -384,3 +386,119 @@ def test_rag_through_a_retrieval_server_matches_the_local_index(world, tmp_path,
     ids = [[r["retrieved_ids"] for r in _lines(tmp_path / where / "rag" / "predictions.jsonl")] for where in ("local", "http")]
     assert ids[0] == ids[1]
     assert remote["retriever"] == url and remote["em"] == local["em"] == 1.0
+
+
+# -------------------------------------------------------------------------------- nothing lost
+
+
+def _stable(path):
+    """Predictions without their timings (wall clock differs between any two runs)."""
+    return [{k: v for k, v in r.items() if k != "timing"} for r in _lines(path)]
+
+
+def _batches_of(cfg, size):
+    return cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"batch_size": size})})
+
+
+def test_agent_eval_rides_out_a_retrieval_server_restart(world, tmp_path, tokenizer):
+    """The server stops when q2 starts and is back 4 s later (the old fixed retries gave up after
+    3.5 s): every prediction is written, the same as against the local index."""
+    from searchrl.retrieval.server import create_app, free_port, serve_in_background
+
+    index, _ = world
+    local = _batches_of(_cfg(world, tmp_path / "local", "agent"), 1)
+    run_eval(local, progress=False, backend=ScriptedBackend(tokenizer, agent_policy))
+    app, port = create_app(open_index(index)), free_port()
+    retry = {"backoff_s": 0.1, "max_backoff_s": 0.5, "total_s": 20}
+    cfg = local.model_copy(update={"out": str(tmp_path / "http"), "retrieval": RetrievalConfig(url=f"http://127.0.0.1:{port}", retry=retry)})
+    with contextlib.ExitStack() as server:
+        server.enter_context(serve_in_background(app, port=port))
+        restart = threading.Timer(4.0, lambda: server.enter_context(serve_in_background(app, port=port)))
+
+        def policy(text):
+            if _question_of(text).startswith("Who") and not restart.is_alive() and not restart.finished.is_set():
+                server.close()  # down before q2's search
+                restart.start()
+            return agent_policy(text)
+
+        metrics = run_eval(cfg, progress=False, backend=ScriptedBackend(tokenizer, policy))
+        restart.join()
+    assert restart.finished.is_set() and metrics["n"] == 3 and metrics["seconds"] >= 4
+    assert _stable(tmp_path / "http" / "predictions.jsonl") == _stable(tmp_path / "local" / "agent" / "predictions.jsonl")
+
+
+def test_interrupted_eval_resumes_without_redoing_finished_questions(world, tmp_path, tokenizer):
+    reference = run_eval(_batches_of(_cfg(world, tmp_path / "ref", "agent"), 1), progress=False,
+                         backend=ScriptedBackend(tokenizer, agent_policy))
+    cfg = _batches_of(_cfg(world, tmp_path / "run", "agent"), 1)
+    out = tmp_path / "run" / "agent"
+
+    def dies_at_q3(text):
+        if _question_of(text).startswith("When"):
+            raise RuntimeError("killed")
+        return agent_policy(text)
+
+    with pytest.raises(RuntimeError, match="killed"):
+        run_eval(cfg, progress=False, backend=ScriptedBackend(tokenizer, dies_at_q3))
+    assert [r["id"] for r in _lines(out / "predictions.jsonl")] == ["q1", "q2"]  # written as they finished
+    assert (out / "progress.json").is_file() and not (out / "metrics.json").exists()
+    asked = []
+    metrics = run_eval(cfg, progress=False, resume=True,
+                       backend=ScriptedBackend(tokenizer, lambda text: asked.append(_question_of(text)) or agent_policy(text)))
+    assert set(asked) == {QUESTIONS[2].question}
+    assert _stable(out / "predictions.jsonl") == _stable(tmp_path / "ref" / "agent" / "predictions.jsonl")
+    assert {**metrics, "seconds": 0} == {**reference, "seconds": 0}
+    assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "metrics.json", "metrics.md", "predictions.jsonl"]
+
+
+def test_torn_last_line_is_dropped_and_its_batch_run_again(world, tmp_path, tokenizer):
+    """Killed while writing q2's record (batches [q1, q2], [q3]): q1 is kept, its batch runs whole
+    again so that q2 is generated beside q1 exactly as before, and only q2 is appended."""
+    cfg = _batches_of(_cfg(world, tmp_path, "agent"), 2)
+    run_eval(cfg, progress=False, backend=ScriptedBackend(tokenizer, agent_policy))
+    out = tmp_path / "agent"
+    whole = (out / "predictions.jsonl").read_text()
+    lines = whole.splitlines(keepends=True)
+    (out / "predictions.jsonl").write_text(lines[0] + lines[1][:40])
+    (out / "progress.json").write_text('{"seconds": 100.0}')
+    asked = []
+    metrics = run_eval(cfg, progress=False, resume=True,
+                       backend=ScriptedBackend(tokenizer, lambda text: asked.append(_question_of(text)) or agent_policy(text)))
+    assert set(asked) == {q.question for q in QUESTIONS}
+    assert [r["id"] for r in _lines(out / "predictions.jsonl")] == ["q1", "q2", "q3"]
+    assert _stable(out / "predictions.jsonl") == [{k: v for k, v in json.loads(x).items() if k != "timing"} for x in lines]
+    assert metrics["seconds"] >= 100  # the interrupted run's time counts
+
+
+def test_cli_resume_refuses_another_config_and_keeps_an_unfinished_run(world, tmp_path, monkeypatch):
+    import searchrl.rollout.backend
+
+    out = tmp_path / "o"
+    first = _cli_run(world, out, "direct")
+    # A finished run resumed: nothing left to generate, so no model is loaded.
+    monkeypatch.setattr(searchrl.rollout.backend, "make_backend", lambda *a, **k: pytest.fail("the model was loaded"))
+    result = runner.invoke(app, ["eval", "run", "--resume", str(out), "--json"])
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == first
+    result = runner.invoke(app, ["eval", "run", "--resume", str(out), "--limit", "2", "--model", "tiny-random"])
+    assert isinstance(result.exception, SearchRLError) and result.exit_code != 0
+    assert "cannot resume" in str(result.exception) and "limit: 3 -> 2" in str(result.exception)
+    result = runner.invoke(app, ["eval", "run", "--resume", str(tmp_path / "nothing")])
+    assert "does not exist" in str(result.exception)
+    (out / "progress.json").write_text('{"seconds": 1.0}')  # as a stopped run leaves it
+    result = runner.invoke(app, ["eval", "run", "--method", "direct", "--model", "tiny-random", "--out", str(out)])
+    assert isinstance(result.exception, SearchRLError) and f"--resume {out}" in str(result.exception)
+    assert len(_lines(out / "predictions.jsonl")) == 3  # not overwritten
+
+
+def test_agent_eval_without_a_server_fails_before_loading_the_model(world, tmp_path, monkeypatch):
+    import searchrl.rollout.backend
+    from searchrl.retrieval.server import free_port
+
+    monkeypatch.setattr(searchrl.rollout.backend, "make_backend", lambda *a, **k: pytest.fail("the model was loaded"))
+    url = f"http://127.0.0.1:{free_port()}"
+    result = runner.invoke(app, ["eval", "run", "--method", "agent", "--model", "tiny-random", "--dataset", str(world[1]),
+                                 "--retriever-url", url, "--out", str(tmp_path / "o")])
+    assert result.exit_code != 0 and isinstance(result.exception, RetrievalUnavailable), (result.output, result.exception)
+    assert f"no retrieval server answers at {url}/search" in str(result.exception)
+    assert "searchrl serve" in str(result.exception)

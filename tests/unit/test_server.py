@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from searchrl.data.types import Passage
 from searchrl.errors import RetrievalUnavailable, SearchRLError
 from searchrl.retrieval.base import Retriever
-from searchrl.retrieval.http import HttpRetriever, _r1_passages, _search_r1_passage
+from searchrl.retrieval.http import HttpRetriever, RetryConfig, _r1_passages, _search_r1_passage
 from searchrl.retrieval.server import ServerLimits, create_app, free_port, serve_in_background
 
 PASSAGES = [
@@ -54,9 +56,9 @@ class WordOverlap(Retriever):
 QUERIES = ["capital of France", "Germany river", "quoted title newline"]
 
 
-def running(app, keep_alive_s: float = 5):
-    """A real uvicorn server on a free localhost port, in a background thread."""
-    return serve_in_background(app, keep_alive_s=keep_alive_s)
+def running(app, keep_alive_s: float = 5, port: int | None = None):
+    """A real uvicorn server on a (free) localhost port, in a background thread."""
+    return serve_in_background(app, keep_alive_s=keep_alive_s, port=port)
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +196,7 @@ def test_blank_queries_get_empty_lists_without_a_request(live, retriever):
 )
 def test_http_retriever_raises_the_servers_4xx_detail(live, queries, k, needle):
     with HttpRetriever(
-        live, max_batch=100, retries=3, backoff=10
+        live, max_batch=100, retry=RetryConfig(retries=3, backoff_s=10)
     ) as http:  # 4xx must not be retried
         start = time.monotonic()
         with pytest.raises(SearchRLError) as err:
@@ -206,13 +208,56 @@ def test_http_retriever_raises_the_servers_4xx_detail(live, queries, k, needle):
 
 def test_unreachable_server_raises_retrieval_unavailable_after_retries():
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    with HttpRetriever(url, retries=2, backoff=0.01, timeout=2) as http:
+    with HttpRetriever(url, retry=RetryConfig(retries=2, backoff_s=0.01), timeout=2) as http:
         start = time.monotonic()
         with pytest.raises(RetrievalUnavailable) as err:
             http.search(["anything"], 3)
     assert time.monotonic() - start < 2
     msg = str(err.value)
     assert url + "/search" in msg and "3 attempts" in msg and "searchrl serve" in msg
+    assert "raise retrieval.retry.retries (now 2)" in msg  # the count ran out, not the time
+
+
+def test_spent_time_budget_names_the_url_the_time_and_the_setting_to_raise():
+    url = f"http://127.0.0.1:{free_port()}"
+    retry = RetryConfig(backoff_s=0.05, max_backoff_s=0.1, total_s=0.6)
+    with HttpRetriever(url, retry=retry) as http:
+        start = time.monotonic()
+        with pytest.raises(RetrievalUnavailable) as err:
+            http.search(["anything"], 3)
+    assert 0.6 <= time.monotonic() - start < 1.5  # the whole budget, in waits of at most 0.1 s
+    msg = str(err.value)
+    assert url + "/search" in msg and "did not answer for 0.6 s" in msg
+    assert "raise retrieval.retry.total_s (now 0.6)" in msg
+
+
+def test_default_retry_budget_waits_a_minute_in_capped_doubling_steps():
+    retry, waits, elapsed = RetryConfig(), [], 0.0
+    while (wait := retry.wait(len(waits) + 1, elapsed)) is not None:  # every attempt refused at once
+        waits.append(wait)
+        elapsed += wait
+    assert waits[:6] == [0.5, 1, 2, 4, 5, 5] and max(waits) == 5
+    assert elapsed == 60 and len(waits) < retry.retries  # time, not the count, ends a restart's wait
+
+
+def test_check_finds_a_server_even_without_health_endpoint(live):
+    HttpRetriever(live).check()
+    foreign = FastAPI()  # like R1-Searcher's or Search-R1's servers: no /health, answers 404
+    with running(foreign) as url:
+        HttpRetriever(url + "/retrieve", api="search-r1").check()
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(RetrievalUnavailable, match=f"no retrieval server answers at {url}/search .*searchrl serve"):
+        HttpRetriever(url).check()
+
+
+def test_a_server_that_comes_up_within_the_budget_is_waited_for(retriever):
+    port, app = free_port(), create_app(retriever)
+    retry = RetryConfig(backoff_s=0.1, max_backoff_s=0.2, total_s=10)
+    with contextlib.ExitStack() as stack, HttpRetriever(f"http://127.0.0.1:{port}", retry=retry) as http:
+        threading.Timer(1.0, lambda: stack.enter_context(running(app, port=port))).start()
+        begin = time.monotonic()
+        assert http.search(QUERIES, 2) == retriever.search(QUERIES, 2)
+        assert 1.0 <= time.monotonic() - begin < 3  # noticed within max_backoff_s of coming up
 
 
 def test_503_twice_then_success_is_retried(retriever):
@@ -228,7 +273,7 @@ def test_503_twice_then_success_is_retried(retriever):
             return JSONResponse({"detail": "warming up"}, status_code=503)
         return await call_next(request)
 
-    with running(app) as url, HttpRetriever(url, retries=3, backoff=0.01) as http:
+    with running(app) as url, HttpRetriever(url, retry=RetryConfig(retries=3, backoff_s=0.01)) as http:
         got = http.search(QUERIES, 2)
     assert seen == ["/search"] * 3
     assert got == retriever.search(QUERIES, 2)
@@ -245,7 +290,7 @@ def test_persistent_5xx_ends_in_retrieval_unavailable_with_the_detail(retriever)
 
     with (
         running(app) as url,
-        HttpRetriever(url, retries=1, backoff=0.01) as http,
+        HttpRetriever(url, retry=RetryConfig(retries=1, backoff_s=0.01)) as http,
         pytest.raises(RetrievalUnavailable, match="index not loaded"),
     ):
         http.search(["q"], 1)
@@ -254,7 +299,7 @@ def test_persistent_5xx_ends_in_retrieval_unavailable_with_the_detail(retriever)
 def test_connection_closed_by_the_server_while_idle_is_reopened_transparently(retriever):
     with (
         running(create_app(retriever), keep_alive_s=0.1) as url,
-        HttpRetriever(url, retries=0) as http,
+        HttpRetriever(url, retry=RetryConfig(retries=0)) as http,
     ):
         first = http.search(QUERIES, 2)
         time.sleep(0.4)  # the server drops the idle keep-alive connection
@@ -287,7 +332,7 @@ def test_slow_server_times_out_into_retrieval_unavailable(retriever):
         await asyncio.sleep(0.6)
         return await call_next(request)
 
-    with running(app) as url, HttpRetriever(url, timeout=0.2, retries=1, backoff=0.01) as http:
+    with running(app) as url, HttpRetriever(url, timeout=0.2, retry=RetryConfig(retries=1, backoff_s=0.01)) as http:
         start = time.monotonic()
         with pytest.raises(RetrievalUnavailable, match="2 attempts.*timed out"):
             http.search(["q"], 1)

@@ -20,7 +20,10 @@ The format check of the rewards is reported for every method. Rag/direct respons
 block, so they are checked as if an empty one had been closed right before the answer: every other
 rule (one closed non-empty answer, nothing garbled, no protocol tags) applies unchanged.
 
-Output folder: `predictions.jsonl`, `metrics.json`, `metrics.md`, `config.yaml`.
+Output folder: `predictions.jsonl`, `metrics.json`, `metrics.md`, `config.yaml`. Predictions are
+written batch by batch as they finish, so `--resume` continues a run that was stopped
+(`searchrl.eval.resume`); batches are fixed slices of the question list, so a resumed run
+generates exactly what an uninterrupted one would have.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from searchrl.config import StrictModel, dump_config
 from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.data.types import Passage, Question
 from searchrl.errors import SearchRLError
+from searchrl.eval import resume as saved
 from searchrl.eval.answer_prompts import answer_prompt
 from searchrl.protocol import Protocol, ProtocolConfig
 from searchrl.retrieval import RetrievalConfig
@@ -96,7 +100,10 @@ class EvalConfig(StrictModel):
     dump_tokens: bool = Field(
         False, description="Also write prompt/response token ids, loss mask and log-probs to predictions.jsonl."
     )
-    out: str | None = Field(None, description="Output folder (created; existing files are overwritten).")
+    out: str | None = Field(
+        None, description="Output folder (created; a finished run's files are overwritten, an unfinished one is "
+        "continued with `eval run --resume DIR`).",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> EvalConfig:
@@ -165,13 +172,13 @@ def format_verdict(traj: Trajectory, method: str, protocol: Protocol, require_th
 # Running
 
 
-def generate(cfg: EvalConfig, questions: Sequence[Question], backend, retriever: Retriever | None, progress: bool = True) -> list[Trajectory]:
+def generate(cfg: EvalConfig, questions: Sequence[Question], backend, retriever: Retriever | None) -> list[Trajectory]:
     """One trajectory per question with `cfg.method`."""
     from searchrl.rollout.engine import RolloutEngine
 
     protocol = Protocol.from_config(cfg.protocol)
     if cfg.method == "agent":
-        return RolloutEngine(backend, retriever, protocol, cfg.rollout).run(questions, progress=progress)
+        return RolloutEngine(backend, retriever, protocol, cfg.rollout).run(questions)
     rollout = cfg.rollout.model_copy(update={"max_searches": 0, "max_new_tokens": cfg.answer_max_new_tokens})
     found: list[list[Passage]] | None = None
     if cfg.method == "rag":
@@ -183,7 +190,7 @@ def generate(cfg: EvalConfig, questions: Sequence[Question], backend, retriever:
         answer_prompt(q.question, found[i] if found is not None else None, protocol.tags, protocol.template, backend.tokenizer)
         for i, q in enumerate(questions)
     ]
-    trajs = RolloutEngine(backend, NoRetriever(), protocol, rollout).run(questions, prompts, progress=progress)
+    trajs = RolloutEngine(backend, NoRetriever(), protocol, rollout).run(questions, prompts)
     for i, (q, t) in enumerate(zip(questions, trajs)):
         t.answer = predict(t, cfg.method, protocol.tags)
         if found is not None:
@@ -232,7 +239,8 @@ def retrieval_recall(recs: Sequence[dict]) -> float | None:
 def summarize(cfg: EvalConfig, recs: Sequence[dict], seconds: float) -> dict:
     """metrics.json: answer scores (via `score_records`, so they equal `searchrl eval score`),
     search and format rates, policy tokens per question, retrieval recall, provenance, and
-    `seconds`: wall time of retrieval + generation (loading the model, data and index excluded)."""
+    `seconds`: wall time of retrieval + generation (loading the model, data and index excluded),
+    summed over the runs of a resumed evaluation."""
     from searchrl.eval.score import score_records
 
     scores = score_records(recs)
@@ -297,9 +305,11 @@ def fmt_number(value, digits: int) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
-def run_eval(cfg: EvalConfig, progress: bool = True, backend=None) -> dict:
-    """Run `cfg`, write the four files into `cfg.out`, return the metrics. `backend` may be given
-    to reuse a loaded model (tests, sweeps); it is built from `cfg.model` otherwise."""
+def run_eval(cfg: EvalConfig, progress: bool = True, backend=None, resume: bool = False) -> dict:
+    """Run `cfg` into `cfg.out`: predictions appended batch by batch, then metrics.json/.md;
+    return the metrics. `resume`: keep the predictions an interrupted run of the same config left
+    there and answer only the rest. `backend` may be given to reuse a loaded model (tests,
+    sweeps); it is built from `cfg.model` otherwise, and only when questions are left."""
     from searchrl.data.catalog import load_dataset
 
     if cfg.out is None:
@@ -310,37 +320,72 @@ def run_eval(cfg: EvalConfig, progress: bool = True, backend=None) -> dict:
         questions = questions[: cfg.limit]
     if not questions:
         raise SearchRLError(f"dataset {cfg.dataset!r} holds no questions")
-    if backend is None:
-        from searchrl.rollout.backend import make_backend
-
-        backend = make_backend(cfg.rollout.backend, cfg.model, **cfg.rollout.backend_options())
-    retriever = cfg.retrieval.open() if cfg.method != "direct" else None
-    started = time.perf_counter()
-    try:
-        trajs = generate(cfg, questions, backend, retriever, progress=progress)
-    finally:
-        if retriever is not None:
-            retriever.close()
-    seconds = time.perf_counter() - started
-    recs = records(cfg, questions, trajs)
-    metrics = summarize(cfg, recs, seconds)
     out.mkdir(parents=True, exist_ok=True)
-    with (out / "predictions.jsonl").open("w", encoding="utf-8") as fh:
-        for rec in recs:
-            fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    if resume:
+        recs, seconds = saved.finished_records(out, questions), saved.seconds_so_far(out)
+    else:
+        saved.start_fresh(out)
+        recs, seconds = [], 0.0
+    dump_config(cfg, out / "config.yaml")
+    if len(recs) < len(questions):
+        seconds = _answer_the_rest(cfg, questions, recs, seconds, backend, progress)
+    metrics = summarize(cfg, recs, seconds)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     (out / "metrics.md").write_text(metrics_markdown(metrics))
-    dump_config(cfg, out / "config.yaml")
+    saved.finish(out)
     return metrics
 
 
-def eval_command(config: str | None, overrides: Sequence[str], flags: dict, as_json: bool = False) -> dict:
+def _answer_the_rest(cfg: EvalConfig, questions: Sequence[Question], recs: list[dict], seconds: float, backend, progress: bool) -> float:
+    """Generate the questions after `recs` batch by batch, appending each batch's records to
+    `recs` and to predictions.jsonl; return the generation seconds of all runs so far."""
+    out, size = Path(cfg.out), cfg.rollout.batch_size
+    # The server is asked before the model loads: a missing one fails in a second, not minutes.
+    retriever = cfg.retrieval.open() if cfg.method != "direct" else None
+    bar = None
+    try:
+        if retriever is not None:
+            retriever.check()
+        if backend is None:
+            from searchrl.rollout.backend import make_backend
+
+            backend = make_backend(cfg.rollout.backend, cfg.model, **cfg.rollout.backend_options())
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(questions), initial=len(recs), desc="questions", unit="q")
+        # A batch partly written before a stop runs whole again: the same batch, the same tokens.
+        for start in range(len(recs) // size * size, len(questions), size):
+            batch = questions[start : start + size]
+            started = time.perf_counter()
+            trajs = generate(cfg, batch, backend, retriever)
+            seconds += time.perf_counter() - started
+            new = records(cfg, batch, trajs)[len(recs) - start :]
+            saved.append_records(out, new)
+            saved.save_progress(out, seconds)
+            recs.extend(new)
+            if bar is not None:
+                bar.update(len(new))
+    finally:
+        if bar is not None:
+            bar.close()
+        if retriever is not None:
+            retriever.close()
+    return seconds
+
+
+def eval_command(config: str | None, overrides: Sequence[str], flags: dict, as_json: bool = False, resume: str | None = None) -> dict:
     """`searchrl eval run`: YAML file, then `--set` overrides, then the explicit flags win; `flags`
-    are keyed by their config keys (`rollout.k`)."""
+    are keyed by their config keys (`rollout.k`). `resume`: the folder of an interrupted run,
+    whose config.yaml is the YAML file unless one is given; the result must equal that config."""
     from searchrl.config import flag_overrides, load_config
 
-    cfg = load_config(EvalConfig, config, list(overrides) + flag_overrides(flags))
-    metrics = run_eval(cfg, progress=not as_json)
+    if resume is None:
+        cfg = load_config(EvalConfig, config, list(overrides) + flag_overrides(flags))
+        saved.keep_unfinished(cfg.out)
+    else:
+        cfg = saved.resumed_config(EvalConfig, Path(resume), config, list(overrides), flags)
+    metrics = run_eval(cfg, progress=not as_json, resume=resume is not None)
     if as_json:
         print(json.dumps(metrics))
         return metrics

@@ -15,19 +15,18 @@ from pydantic import Field, model_validator
 from searchrl.config import StrictModel
 from searchrl.errors import SearchRLError
 from searchrl.retrieval.base import Retriever
+from searchrl.retrieval.http import HttpRetriever, RetryConfig
 
 
-def open_retriever(source: str, api: str = "native") -> Retriever:
+def open_retriever(source: str, api: str = "native", retry: RetryConfig | None = None) -> Retriever:
     """A `Retriever` over `source`: an `http(s)://` retrieval server URL (spoken to in `api`:
-    native, r1searcher or search-r1), an index directory written by `searchrl index build`, or a
-    catalog index name (`toyworld`, `localwiki`, `localwiki-dense`; built on first use).
-    `api` applies to URLs only."""
-    # Imported when used: each backend brings its own heavy libraries (httpx, bm25s, faiss), and
-    # the catalog its registries.
+    native, r1searcher or search-r1, retried within `retry`), an index directory written by
+    `searchrl index build`, or a catalog index name (`toyworld`, `localwiki`, `localwiki-dense`;
+    built on first use). `api` and `retry` apply to URLs only."""
     if urlsplit(source).scheme in ("http", "https"):
-        from searchrl.retrieval.http import HttpRetriever
-
-        return HttpRetriever(source, api=api)
+        return HttpRetriever(source, api=api, retry=retry)
+    # Imported when used: each index kind brings its own heavy libraries (bm25s, faiss), and the
+    # catalog its registries.
     from searchrl.retrieval.index import open_index
 
     path = Path(source).expanduser()
@@ -57,6 +56,11 @@ class RetrievalConfig(StrictModel):
     api: Literal["native", "r1searcher", "search-r1"] = Field(
         "native", description="Server API: native (/search), r1searcher (/queries), search-r1 (/retrieve)."
     )
+    retry: RetryConfig = Field(
+        default_factory=RetryConfig,
+        description="With `url`: how long a failing request is retried (retries, backoff_s, max_backoff_s, total_s) "
+        "before the run stops; the default waits about a minute, enough for a server restart.",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> RetrievalConfig:
@@ -72,4 +76,4 @@ class RetrievalConfig(StrictModel):
     def open(self) -> Retriever:
         if self.source is None:
             raise SearchRLError("no retriever configured: set retrieval.index (e.g. toyworld) or retrieval.url")
-        return open_retriever(self.source, self.api)
+        return open_retriever(self.source, self.api, self.retry)

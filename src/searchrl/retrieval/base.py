@@ -18,5 +18,9 @@ class Retriever(ABC):
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:
         """Top-`k` passages for each query, best first, `score` filled in."""
 
+    def check(self) -> None:
+        """Raise `RetrievalUnavailable` when searches cannot be served now (a server that does not
+        answer), so a command fails before it loads a model; a local index is always ready."""
+
     def close(self) -> None:
         """Release sockets, memory maps, ...; the default holds nothing."""

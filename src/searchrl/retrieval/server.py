@@ -214,15 +214,15 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 @contextlib.contextmanager
-def serve_in_background(app_or_retriever, host: str = "127.0.0.1", keep_alive_s: float = 5):
-    """A real uvicorn server on a free port in a daemon thread; yields its base URL.
+def serve_in_background(app_or_retriever, host: str = "127.0.0.1", keep_alive_s: float = 5, port: int | None = None):
+    """A real uvicorn server on `port` (default: a free one) in a daemon thread; yields its base URL.
 
     For the demo and tests: the same HTTP path as `searchrl serve`, without a second process.
     """
     import uvicorn
 
     app = app_or_retriever if isinstance(app_or_retriever, FastAPI) else create_app(app_or_retriever)
-    port = free_port(host)
+    port = port or free_port(host)
     config = uvicorn.Config(
         app, host=host, port=port, log_level="error", access_log=False, timeout_keep_alive=keep_alive_s
     )

@@ -1,0 +1,138 @@
+"""What lets an evaluation survive being stopped: predictions written as batches finish, and what
+`searchrl eval run --resume DIR` reads back.
+
+`predictions.jsonl` grows in question order, one batch at a time, each batch on disk (flushed and
+synced) before the next starts. `progress.json` carries the generation seconds spent so far; it
+is removed once metrics.json is written, so its presence marks an unfinished run. A process
+killed mid-write leaves a torn last line: resuming drops it, and its batch is run again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from searchrl.config import C, flag_overrides, load_config
+from searchrl.data.types import Question
+from searchrl.errors import DataError, SearchRLError
+
+PREDICTIONS = "predictions.jsonl"
+PROGRESS = "progress.json"
+
+
+def resumed_config(cls: type[C], run_dir: Path, config: str | None, overrides: list[str], flags: dict) -> C:
+    """The config to continue `run_dir` with: its config.yaml (or `config`), `overrides` and
+    `flags` (keyed by config keys), refused unless it equals the one the run began with."""
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        raise SearchRLError(f"cannot resume: {path} does not exist; give --resume the --out folder of an interrupted `eval run`")
+    if flags.get("out") is not None and Path(flags["out"]).resolve() != run_dir.resolve():
+        raise SearchRLError(f"--resume continues {run_dir} in place: drop --out {flags['out']}")
+    first = load_config(cls, path)
+    cfg = load_config(cls, config or path, overrides + flag_overrides({**flags, "out": str(run_dir)}))
+    check_same_config(run_dir, first.model_dump(mode="json"), cfg.model_dump(mode="json"))
+    return cfg
+
+
+def keep_unfinished(out: str | None) -> None:
+    """`eval run` without --resume overwrites a finished run, never an unfinished one."""
+    if out is not None and (Path(out) / PROGRESS).is_file():
+        raise SearchRLError(
+            f"{out} holds an unfinished evaluation ({PROGRESS}): continue it with --resume {out}, "
+            "or delete the folder (or choose another --out) to start over"
+        )
+
+
+def start_fresh(out: Path) -> None:
+    """An empty predictions file, and no metrics or progress of an earlier run in `out`."""
+    (out / PREDICTIONS).write_text("")
+    for name in (PROGRESS, "metrics.json", "metrics.md"):
+        (out / name).unlink(missing_ok=True)
+
+
+def finished_records(out: Path, questions: Sequence[Question]) -> list[dict]:
+    """The records an interrupted run wrote into `out`, which must be the first of `questions`
+    in order; a torn last line is dropped and cut from the file, so appending goes on from there."""
+    path = out / PREDICTIONS
+    if not path.is_file():
+        return []
+    lines = path.read_text(encoding="utf-8").split("\n")
+    kept: list[str] = []
+    records: list[dict] = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if n == len(lines):  # no newline after it: the write was cut short
+                break
+            raise DataError(f"{path}:{n} is not JSON; delete the line (its question is then run again)") from None
+        kept.append(line)
+    for i, rec in enumerate(records):
+        if i >= len(questions) or rec.get("id") != questions[i].id:
+            raise SearchRLError(
+                f"cannot resume: {path}:{i + 1} is question {rec.get('id')!r}, but the dataset's question {i + 1} is "
+                f"{questions[i].id if i < len(questions) else 'missing'!r}; the dataset changed since the run "
+                "started: start a new run with another --out"
+            )
+    tmp = path.with_name(PREDICTIONS + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    os.replace(tmp, path)
+    return records
+
+
+def append_records(out: Path, records: Sequence[dict]) -> None:
+    """Add one batch's records to predictions.jsonl, on disk when this returns."""
+    with (out / PREDICTIONS).open("a", encoding="utf-8") as fh:
+        fh.write("".join(json.dumps(rec, ensure_ascii=False) + "\n" for rec in records))
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def seconds_so_far(out: Path) -> float:
+    """Generation seconds of the earlier runs in `out`: from progress.json while unfinished, from
+    metrics.json once finished (a finished run resumed has nothing left to add)."""
+    for name in (PROGRESS, "metrics.json"):
+        if (out / name).is_file():
+            return float(json.loads((out / name).read_text())["seconds"])
+    return 0.0
+
+
+def save_progress(out: Path, seconds: float) -> None:
+    tmp = out / (PROGRESS + ".tmp")
+    tmp.write_text(json.dumps({"seconds": seconds}) + "\n")
+    os.replace(tmp, out / PROGRESS)
+
+
+def finish(out: Path) -> None:
+    """The run is complete: metrics.json now holds its seconds."""
+    (out / PROGRESS).unlink(missing_ok=True)
+
+
+def check_same_config(run_dir: Path, saved: dict, wanted: dict) -> None:
+    """Refuse to resume with settings that would give other predictions than the run began with."""
+    old, new = _flat(saved), _flat(wanted)
+    # Neither where the run lives nor how long retrieval is retried changes a prediction.
+    changed = [
+        k for k in sorted(old.keys() | new.keys())
+        if old.get(k) != new.get(k) and k != "out" and not k.startswith("retrieval.retry.")
+    ]
+    if changed:
+        shown = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed[:4])
+        raise SearchRLError(
+            f"cannot resume {run_dir} with another config ({shown}): its predictions would not match. Resume with "
+            f"the settings in {run_dir / 'config.yaml'} (give no flag that changes them), or start a new run with another --out"
+        )
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
