@@ -6,11 +6,12 @@ Heavy imports (torch, transformers, faiss) happen inside the commands so `--help
 from __future__ import annotations
 
 import sys
+import warnings
 
 import typer
 from rich.console import Console
 
-from searchrl.errors import SearchRLError
+from searchrl.errors import DataWarning, SearchRLError
 
 app = typer.Typer(
     help="Teach language models to search while they reason (R1-Searcher, outcome-based RL).",
@@ -336,7 +337,18 @@ def demo(
     run_demo(DemoConfig(out=out, train_config=config, eval_limit=eval_limit, train=do_train), overrides or [])
 
 
+_python_formatwarning = warnings.formatwarning
+
+
+def _format_warning(message, category, filename, lineno, line=None) -> str:
+    # Warnings about the user's data are one plain line, like errors; others keep Python's form.
+    if issubclass(category, DataWarning):
+        return f"warning: {message}\n"
+    return _python_formatwarning(message, category, filename, lineno, line)
+
+
 def main() -> None:
+    warnings.formatwarning = _format_warning
     try:
         app()
     except SearchRLError as exc:

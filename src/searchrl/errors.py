@@ -11,3 +11,17 @@ class DataError(SearchRLError):
 
 class RetrievalUnavailable(SearchRLError):
     """A retrieval backend did not answer after its retries."""
+
+
+class DataWarning(UserWarning):
+    """Input data that is accepted but looks wrong; the CLI prints it as one `warning:` line."""
+
+
+def listing(values: list, limit: int = 10) -> str:
+    """The first `limit` values, quoted, and how many more: for messages about many items.
+
+    >>> listing(["a", "b", "c"], limit=2)
+    "'a', 'b' and 1 more"
+    """
+    more = f" and {len(values) - limit} more" if len(values) > limit else ""
+    return ", ".join(repr(v) for v in values[:limit]) + more

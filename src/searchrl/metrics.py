@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import string
+import unicodedata
 from collections import Counter
 from collections.abc import Callable, Sequence
 
@@ -20,8 +21,17 @@ from searchrl.registry import Registry
 AnswerMetric = Callable[[str | None, Sequence[str]], float]
 ANSWER_METRICS: Registry[AnswerMetric] = Registry("answer metric")
 
-# Curly quotes, acute accent and backtick are not in string.punctuation but models emit them.
-_PUNCTUATION = frozenset(string.punctuation + "\u2018\u2019\u00b4`")
+# Typographic quotes (single, double, low, angle), the acute accent and hyphen variants (hyphen,
+# non-breaking hyphen, minus sign) are not in string.punctuation, but models and gold files use
+# them where others write the ASCII form, so they are punctuation too.
+_PUNCTUATION = frozenset(
+    string.punctuation
+    + "\u2018\u2019\u201a\u201b\u201c\u201d\u201e\u201f\u00ab\u00bb\u2039\u203a\u00b4\u2010\u2011\u2212"
+)
+# Dashes stay inside words as the authors' normalisation leaves them (parity: their F1 counts
+# "1861\u20131865" against "1861\u201365" as no overlap); the figure dash, em dash and bar are
+# written as the en dash so that the variants match each other.
+_DASHES = str.maketrans(dict.fromkeys("\u2012\u2014\u2015", "\u2013"))
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 # F1 refuses partial credit between these: "no" must not half-match "no idea".
 _SPECIAL = frozenset({"yes", "no", "noanswer"})
@@ -41,9 +51,12 @@ def normalize_answer(s: str) -> str:
     ('yes', 'no')
     >>> normalize_answer(" True ")  # only the bare word maps; the authors' code compares raw strings
     'true'
+    >>> normalize_answer("\u201cZu\u0308rich\u201d \u2212 1990\u20141995") == normalize_answer('"Z\u00fcrich" - 1990\u20131995')
+    True
     """
     s = _BOOLEAN_WORDS.get(s, s)
-    s = s.replace("_", " ").lower()
+    s = unicodedata.normalize("NFC", s)  # "u" + combining diaeresis and a precomposed "ü" match
+    s = s.translate(_DASHES).replace("_", " ").lower()
     s = "".join(" " if ch in _PUNCTUATION else ch for ch in s)
     s = _ARTICLES.sub(" ", s)
     return " ".join(s.split())

@@ -9,6 +9,8 @@ import math
 import sys
 from pathlib import Path
 
+from searchrl.data.textio import iter_json_lines
+
 METRICS_FILE = "metrics.jsonl"
 
 # The one-line console summary: (metrics key, label, format).
@@ -24,10 +26,16 @@ _SUMMARY = (
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
+    """The step records; a last line torn by a crash mid-write is skipped with a note on stderr
+    (resuming the run trims it for good)."""
     path = Path(run_dir) / METRICS_FILE
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [rec for _, rec in iter_json_lines(path, on_torn_tail=_note)]
+
+
+def _note(message: str) -> None:
+    print(f"note: {message}", file=sys.stderr)
 
 
 def truncate_metrics(run_dir: Path, n_lines: int) -> None:

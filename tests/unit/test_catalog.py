@@ -189,3 +189,19 @@ def test_recall_needs_supporting_ids():
         recall_at_k([Question("1", "q", ("a",))], FakeRetriever({}), k=5, progress=False)
     with pytest.raises(SearchRLError, match="k must be at least 1"):
         recall_at_k([Question("1", "q", ("a",), ("p",))], FakeRetriever({}), k=0, progress=False)
+
+
+def test_data_show_previews_long_fields(tmp_path):
+    from typer.testing import CliRunner
+
+    from searchrl.cli import app
+
+    path = tmp_path / "long.jsonl"
+    row = {"id": "q[1]", "question": "word " * 40_000, "answers": ["a" * 5_000], "supporting_ids": ["p"] * 2_000}
+    path.write_text(json.dumps(row) + "\n")
+    shown = CliRunner().invoke(app, ["data", "show", str(path)])
+    assert shown.exit_code == 0, shown.output
+    assert len(shown.output) < 3_000
+    assert "q[1]" in shown.output  # ids are shown as written, not read as markup
+    text = " ".join(shown.output.split())  # the console wraps lines at its width
+    assert "(199,700 more characters)" in text and "(4,700 more characters)" in text

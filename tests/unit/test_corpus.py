@@ -232,7 +232,7 @@ def test_missing_contents_and_kilt_fields(tmp_path):
 
 def test_invalid_json_line_is_an_error_but_a_cut_off_last_line_a_warning(tmp_path):
     path = write(tmp_path / "c.jsonl", '{"text": "a"}\n{"text": broken}\n{"text": "b"}\n')
-    with pytest.raises(DataError, match=r"c\.jsonl:2: not valid JSON"):
+    with pytest.raises(DataError, match=r"c\.jsonl:2: invalid JSON at column 10 "):
         list(read_passages(path))
     path = write(tmp_path / "cut.jsonl", '{"text": "a"}\n{"text": "b"}\n{"text": "cut of')
     with pytest.warns(CorpusWarning, match=r"cut\.jsonl:3: the last line is cut off"):
@@ -262,7 +262,7 @@ def test_json_list_item_errors_name_the_item(tmp_path):
     with pytest.raises(DataError, match=r"c\.json: item 1: record has no 'text'"):
         list(read_passages(path))
     path = write(tmp_path / "d.json", '{"A": ["x"],\n "B": }')
-    with pytest.raises(DataError, match=r"d\.json:2: not valid JSON"):
+    with pytest.raises(DataError, match=r"d\.json:2: invalid JSON at column"):
         list(read_passages(path, fmt="json-dict"))
 
 
@@ -292,3 +292,19 @@ def test_missing_file_unknown_format_and_undetectable_shape(tmp_path):
         read_passages(write(tmp_path / "odd.jsonl", '{"question": "q", "answer": "a"}\n'))
     with pytest.raises(DataError, match="cannot tell the corpus format"):
         read_passages(write(tmp_path / "notes.txt", "just prose\n"))
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "line"),
+    [
+        ("c.jsonl", b'{"text": "a"}\n{"text": "caf\xe9"}\n', 2),
+        ("c.tsv", b"id\ttext\ttitle\n1\tok\tT\n2\tcaf\xe9\tT\n", 3),
+        ("c.json", b'[\n{"title": "T", "text": "a"},\n{"title": "T", "text": "caf\xe9"}\n]', 3),
+        ("first.jsonl", b'{"text": "caf\xe9"}\n', 1),  # found by format detection
+    ],
+)
+def test_non_utf8_corpus_names_file_and_line(tmp_path, name, data, line):
+    path = tmp_path / name
+    path.write_bytes(data)
+    with pytest.raises(DataError, match=rf"{name}:{line}: not UTF-8 text \(byte 0xe9"):
+        list(read_passages(path))

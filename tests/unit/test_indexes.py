@@ -6,7 +6,9 @@ import json
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
+from searchrl.cli import app
 from searchrl.data.types import Passage
 from searchrl.errors import DataError, SearchRLError
 from searchrl.retrieval.bm25 import BM25Index, stemmer_available
@@ -297,3 +299,16 @@ def test_open_index_on_something_else_names_it(tmp_path):
     (tmp_path / "random" / "manifest.json").write_text("{not json")
     with pytest.raises(SearchRLError, match="unreadable manifest"):
         open_index(tmp_path / "random")
+
+
+def test_build_index_rejects_duplicate_passage_ids(tmp_path):
+    dupes = [*CORPUS, Passage("p1", "Other", "Another passage"), Passage("f0", "F", "x"), Passage("p1", "Third", "y")]
+    with pytest.raises(DataError, match=r"corpus\.jsonl: 2 passage id\(s\) occur more than once: 'p1', 'f0'"):
+        build_index(dupes, tmp_path / "idx", "bm25", progress=False, source="corpus.jsonl")
+    assert list(tmp_path.iterdir()) == []  # nothing half-built left behind
+    # The command names the corpus file: chunking a document whose id another record repeats.
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"id": "d1", "text": "a b"}\n{"id": "d2", "text": "c d"}\n{"id": "d1", "text": "e f"}\n')
+    result = CliRunner().invoke(app, ["index", "build", str(corpus), "--out", str(tmp_path / "i")])
+    assert isinstance(result.exception, DataError)
+    assert f"{corpus}: 1 passage id(s) occur more than once: 'd1'" in str(result.exception)

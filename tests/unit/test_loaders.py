@@ -10,7 +10,7 @@ import pytest
 
 from searchrl.data.loaders import detect_format, load_hf, load_questions, read_records
 from searchrl.data.types import Question
-from searchrl.errors import DataError, SearchRLError
+from searchrl.errors import DataError, DataWarning, SearchRLError
 
 
 def write_jsonl(path, rows):
@@ -190,7 +190,7 @@ def test_missing_question_in_json_list_names_record_index(tmp_path):
 def test_broken_json_list_reports_line(tmp_path):
     path = tmp_path / "broken.json"
     path.write_text('[\n {"question": "q", "answer": "a"},\n {"question": }\n]', encoding="utf-8")
-    with pytest.raises(DataError, match=r"broken\.json:3:\d+: invalid JSON"):
+    with pytest.raises(DataError, match=r"broken\.json:3: invalid JSON at column \d+"):
         load_questions(path)
 
 
@@ -245,3 +245,41 @@ def test_load_hf_parses_rows_and_reports_hub_errors(monkeypatch):
     assert calls == [("RUC-NLPIR/FlashRAG_datasets", "hotpotqa", "dev")]
     with pytest.raises(SearchRLError, match="could not load Hugging Face dataset 'offline/x'.*no network"):
         load_hf("offline/x")
+
+
+def test_non_utf8_question_file_names_file_and_line(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(b'{"question": "q", "answer": "a"}\n{"question": "Z\xfcrich?", "answer": "b"}\n')
+    with pytest.raises(DataError, match=r"latin1\.jsonl:2: not UTF-8 text \(byte 0xfc.*re-save it as UTF-8"):
+        load_questions(path)
+    listed = tmp_path / "latin1.json"
+    listed.write_bytes(b'[\n {"question": "q", "answer": "a"},\n {"question": "\xfc", "answer": "b"}\n]')
+    with pytest.raises(DataError, match=r"latin1\.json:3: not UTF-8 text"):
+        load_questions(listed)
+    with pytest.raises(DataError, match=r"is a directory"):
+        load_questions(tmp_path)
+
+
+def test_duplicate_question_ids_are_listed_in_a_warning(tmp_path):
+    rows = [{"id": i, "question": f"q{n}", "answers": ["a"]} for n, i in enumerate(["x", "y", "x", "z", "y"])]
+    path = write_jsonl(tmp_path / "dupes.jsonl", rows)
+    with pytest.warns(DataWarning, match=r"dupes\.jsonl: 2 question id\(s\) occur more than once: 'x', 'y'"):
+        assert len(load_questions(path)) == 5
+
+
+@pytest.mark.parametrize("gold", ["NaN", "Infinity", "-Infinity", "1e400", '["a", NaN]'])
+def test_non_finite_number_answers_are_rejected_with_the_line(tmp_path, gold):
+    path = tmp_path / "nan.jsonl"
+    path.write_text('{"idx": 1, "question": "q", "answer": "a"}\n' f'{{"idx": 2, "question": "q", "answer": {gold}}}\n')
+    with pytest.raises(DataError, match=r"nan\.jsonl:2: answer -?(nan|inf) is not a finite number"):
+        load_questions(path)
+
+
+def test_json_error_names_the_column_once(tmp_path):
+    path = tmp_path / "cut.jsonl"
+    path.write_text('{"question": "q", "answer": "a"}\n{"question": "unterminated')
+    with pytest.raises(DataError) as info:
+        load_questions(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}:2: invalid JSON at column 14 (Unterminated string starting)")
+    assert "at at" not in message

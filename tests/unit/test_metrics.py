@@ -117,3 +117,21 @@ def test_answer_scores_all_at_once() -> None:
         "cem": 1.0,
         "cem_substr": 1.0,
     }
+
+
+@pytest.mark.parametrize(
+    ("prediction", "gold"),
+    [
+        ("Zu\u0308rich", "Z\u00fcrich"),  # decomposed vs precomposed u-umlaut (NFC)
+        ("\u201cHamlet\u201d", "Hamlet"),  # curly double quotes, as curly single ones already were
+        ("\u201eHamlet\u201c", "Hamlet"),  # German low-high quotes
+        ("\u00abHamlet\u00bb", "Hamlet"),  # guillemets
+        ("\u22125 degrees", "-5 degrees"),  # minus sign vs hyphen-minus
+        ("Jean\u2010Paul", "Jean-Paul"),  # Unicode hyphen vs hyphen-minus
+        ("1939\u20141945", "1939\u20131945"),  # em dash vs en dash (kept in the word, as the authors do)
+    ],
+)
+def test_unicode_forms_quotes_and_dashes_match_their_plain_spelling(prediction: str, gold: str) -> None:
+    assert exact_match(prediction, [gold]) == 1.0
+    assert exact_match(gold, [prediction]) == 1.0
+

@@ -43,3 +43,13 @@ def test_plot_cli_and_errors(tmp_path):
 
 def test_smooth_is_a_trailing_mean():
     assert _smooth([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
+
+
+def test_plot_skips_a_torn_last_line_with_a_note(tmp_path, capsys):
+    run = _run(tmp_path)
+    with (run / "metrics.jsonl").open("a") as fh:
+        fh.write('{"stage": 2, "step": 9, "rew')  # a crash mid-write
+    result = CliRunner().invoke(app, ["plot", str(run)])
+    assert result.exit_code == 0, result.output
+    assert "metrics.jsonl:9: the last line is cut off" in result.stderr
+    assert (run / "plots" / "training_curves.png").is_file()

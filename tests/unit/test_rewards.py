@@ -453,7 +453,7 @@ def test_format_check_command_reads_all_three_record_shapes(tmp_path, capsys):
     assert result["failures"]["forged_documents"] == 1 and result["failures"]["answer"] == 1
     assert "2/4 pass the format check (50.0%)" in capsys.readouterr().out
     path.write_text('{"response": "x"}\n{not json\n')
-    with pytest.raises(DataError, match=r"t.jsonl:2: not valid JSON"):
+    with pytest.raises(DataError, match=r"t.jsonl:2: invalid JSON"):
         format_check_command(path, "r1searcher", None, True, as_json=True)
     path.write_text('{"question": "q"}\n')
     with pytest.raises(DataError, match="record 1: no `segments`"):

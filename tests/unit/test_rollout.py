@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 
@@ -10,6 +11,7 @@ import torch
 
 from searchrl.assets import load_model, load_tokenizer
 from searchrl.data.types import Passage, Question
+from searchrl.errors import SearchRLError
 from searchrl.protocol import Protocol
 from searchrl.retrieval.base import Retriever
 from searchrl.rollout import kv_groups
@@ -484,3 +486,12 @@ def test_backend_registry_and_engine_on_hf(tiny):
     finally:
         model.eval()
     assert greedy.token_ids == be.generate(be.start([[1, 2, 3]], SamplingParams(greedy=True)), 3)[0].token_ids
+
+
+def test_engine_refuses_a_prompt_longer_than_the_context_naming_the_question(tokenizer, caplog, monkeypatch):
+    monkeypatch.setattr(logging.getLogger("transformers"), "propagate", True)  # let caplog see its warnings
+    assert tokenizer.model_max_length == 8192  # tiny-random's max positions
+    questions = [QUESTIONS[0], Question("q-huge", "word " * 9000, ("x",))]
+    with pytest.raises(SearchRLError, match=r"question 'q-huge': its prompt is 9,0\d\d tokens, but the model's context holds 8,192"):
+        run_scripted(tokenizer, questions=questions, n=1)
+    assert "longer than the specified maximum" not in caplog.text  # no bare tokenizer warning

@@ -148,3 +148,22 @@ def test_doctests_pass() -> None:
 
     result = doctest.testmod(score)
     assert result.attempted >= 1 and result.failed == 0
+
+
+def test_directory_and_non_utf8_files_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"is a directory; pass the predictions file in it"):
+        score_file(tmp_path)
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(b'{"answers": ["a"], "prediction": "a"}\n{"answers": ["\xe9"], "prediction": "a"}\n')
+    result = CliRunner().invoke(app, ["eval", "score", str(path)])
+    assert isinstance(result.exception, DataError)
+    assert str(result.exception).startswith(f"{path}:2: not UTF-8 text")
+
+
+@pytest.mark.parametrize("gold", ["NaN", "Infinity", "1e400", "[1, NaN]"])
+def test_non_finite_gold_numbers_are_rejected(tmp_path: Path, gold: str) -> None:
+    # Python's json reads them as floats whose text ("nan", "inf") a prediction could match.
+    path = tmp_path / "preds.jsonl"
+    path.write_text('{"answers": ["a"], "prediction": "a"}\n' f'{{"answers": {gold}, "prediction": "nan"}}\n')
+    with pytest.raises(DataError, match=rf"{path}:2: `answers` holds (nan|inf), not a finite number"):
+        read_predictions(path)

@@ -135,7 +135,7 @@ def test_load_items_normalises_and_grades(tmp_path):
 @pytest.mark.parametrize(
     ("line", "message"),
     [
-        ("{not json", "not valid JSON"),
+        ("{not json", "invalid JSON"),
         ("[1, 2]", "expected a JSON object"),
         ('{"segments": [{"text": "x", "source": "user"}]}', "segments[0].source"),
         ('{"segments": "x"}', "must be a list"),
@@ -163,6 +163,33 @@ def test_metrics_json_limit_and_cli(tmp_path):
     empty.write_text("\n")
     with pytest.raises(DataError, match="no trajectories"):
         write_view(empty)
+
+
+def test_out_directory_and_non_utf8_input_are_clear_errors(tmp_path):
+    preds = _write(tmp_path / "predictions.jsonl", _records())
+    (tmp_path / "site").mkdir()
+    result = CliRunner().invoke(app, ["view", str(preds), "--out", str(tmp_path / "site")])
+    assert isinstance(result.exception, DataError)
+    assert "site is a directory; give a file name, e.g." in str(result.exception)
+    latin1 = tmp_path / "latin1.jsonl"
+    latin1.write_bytes(preds.read_bytes() + b'{"question": "caf\xe9", "response": "x"}\n')
+    with pytest.raises(DataError, match=r"latin1\.jsonl:4: not UTF-8 text"):
+        write_view(latin1)
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [{"id": "q1", "question": "Who?", "answers": ["Ann"]}],  # a question file
+        [{"idx": 1, "question": "Who?", "answer": "Ann"}],  # R1-Searcher questions: `answer` is gold
+        [{"id": "p1", "title": "T", "text": "A passage."}],  # a corpus
+    ],
+)
+def test_files_without_predictions_are_refused(tmp_path, rows):
+    path = _write(tmp_path / "questions.jsonl", rows * 3)
+    with pytest.raises(DataError, match=r"questions\.jsonl holds no predictions: no record has any of prediction"):
+        write_view(path)
+    assert not (tmp_path / "questions.html").exists()
 
 
 # ----------------------------------------------------------------------------------------------

@@ -335,18 +335,34 @@ def list_command() -> None:
         console.print("[yellow]benchmark data folder not found; set SEARCHRL_DATA=/path/to/shared/data[/]")
 
 
+# `data show` prints previews: a 50 MB question must not take minutes to scroll past.
+_PREVIEW_CHARS = 300
+
+
+def preview(text: str, limit: int = _PREVIEW_CHARS) -> str:
+    """`text` cut to `limit` characters, saying how much was left out.
+
+    >>> preview("abcdef", 4)
+    'abcd… (2 more characters)'
+    """
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text) - limit:,} more characters)"
+
+
 def show_command(spec: str, limit: int) -> None:
-    """`searchrl data show SPEC`: the first `limit` questions of a dataset."""
+    """`searchrl data show SPEC`: the first `limit` questions of a dataset, long fields cut short."""
     from rich.console import Console
+    from rich.markup import escape
 
     console = Console()
     questions = load_dataset(spec)
-    console.print(f"[bold]{spec}[/]: {len(questions):,} questions")
+    console.print(f"[bold]{escape(spec)}[/]: {len(questions):,} questions")
     for q in questions[:limit]:
-        console.print(f"\n[cyan]{q.id}[/] [dim]{q.type or ''} {q.source}[/]\n  Q: {q.question}", highlight=False)
-        console.print(f"  A: {' | '.join(q.answers)}", highlight=False)
+        meta = f"{q.type or ''} {q.source}"
+        console.print(f"\n[cyan]{escape(preview(q.id, 80))}[/] [dim]{escape(preview(meta, 80))}[/]", highlight=False)
+        console.print(f"  Q: {preview(q.question)}", highlight=False, markup=False)
+        console.print(f"  A: {preview(' | '.join(q.answers))}", highlight=False, markup=False)
         if q.supporting_ids:
-            console.print(f"  supporting: {', '.join(q.supporting_ids)}", highlight=False)
+            console.print(f"  supporting: {preview(', '.join(q.supporting_ids))}", highlight=False, markup=False)
 
 
 def localwiki_command(out: Path) -> None:

@@ -22,13 +22,18 @@ corpus ids to point at.
 from __future__ import annotations
 
 import json
+import math
+import warnings
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
+from itertools import chain
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from searchrl.data.textio import head, iter_json_lines, json_error, read_text
 from searchrl.data.types import Question
-from searchrl.errors import DataError, SearchRLError
+from searchrl.errors import DataError, DataWarning, SearchRLError, listing
 from searchrl.registry import Registry
 
 
@@ -76,6 +81,12 @@ def _answers(value: Any, where: str, fmt: str) -> tuple[str, ...]:
     for item in items:
         if item is None:
             continue
+        if isinstance(item, float) and not math.isfinite(item):
+            # json reads NaN, Infinity and 1e400 as floats whose text ("nan", "inf") would match.
+            raise DataError(
+                f"{where}: answer {item!r} is not a finite number (NaN, Infinity or an overflow like 1e400); "
+                "write the answer as a string"
+            )
         text = str(item).strip()
         if text and text not in out:
             out.append(text)
@@ -166,7 +177,7 @@ def _ircot_answers(objects: list, where: str) -> tuple[str, ...]:
     for obj in objects or []:
         found.extend(obj.get("spans") or [])
         if not obj.get("spans") and obj.get("number"):
-            found.append(str(obj["number"]))
+            found.append(obj["number"])
         date = obj.get("date") or {}
         if not obj.get("spans") and any(date.values()):
             found.append(" ".join(str(date[k]) for k in ("day", "month", "year") if date.get(k)))
@@ -225,35 +236,30 @@ def iter_rows(path: Path) -> Iterator[tuple[str, Any]]:
     """(where, row) for each record of a JSON list or JSON-lines file; `where` is `file:line`
     for JSON lines and `file, record [i]` (0-based) for a JSON list."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such file")
-    with path.open(encoding="utf-8-sig") as fh:
-        head = fh.read(4096).lstrip()
-    if head.startswith("["):
+    start = head(path)
+    if start.startswith("["):
         try:
-            rows = json.loads(path.read_text(encoding="utf-8-sig"))
+            rows = json.loads(read_text(path))
         except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{exc.lineno}:{exc.colno}: invalid JSON ({exc.msg})") from None
+            raise json_error(f"{path}:{exc.lineno}", exc) from None
         for i, row in enumerate(rows):
             yield f"{path}, record [{i}]", row
         return
-    with path.open(encoding="utf-8-sig") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                if lineno == 1 and head.startswith("{"):
-                    _reject_json_object(path)
-                raise DataError(f"{path}:{lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from None
-            yield f"{path}:{lineno}", row
+    lines = iter_json_lines(path)
+    try:
+        first = next(lines, None)
+    except DataError:
+        if start.startswith("{"):
+            _reject_json_object(path)
+        raise
+    for lineno, row in chain([first] if first else [], lines):
+        yield f"{path}:{lineno}", row
 
 
 def _reject_json_object(path: Path) -> None:
     try:
-        json.loads(path.read_text(encoding="utf-8-sig"))
-    except json.JSONDecodeError:
+        json.loads(read_text(path))
+    except (json.JSONDecodeError, DataError):
         return  # really broken JSON lines: let the caller report the line
     raise DataError(
         f"{path}: is one JSON object, not a list of questions or JSON lines "
@@ -283,7 +289,20 @@ def read_records(path: Path, fmt: str = "auto", source: str = "") -> list[Record
     records = parse_rows(iter_rows(path), fmt, source or path.stem)
     if not records:
         raise DataError(f"{path}: holds no records")
+    _warn_duplicate_ids(path, records)
     return records
+
+
+def _warn_duplicate_ids(path: Path, records: list[Record]) -> None:
+    counts = Counter(r.question.id for r in records)
+    dupes = [qid for qid, n in counts.items() if n > 1]
+    if dupes:
+        warnings.warn(
+            f"{path}: {len(dupes)} question id(s) occur more than once: {listing(dupes)}; per-question "
+            "results under those ids will be mixed up, so give each question its own id",
+            DataWarning,
+            stacklevel=2,
+        )
 
 
 def load_questions(path: Path, fmt: str = "auto", source: str = "") -> list[Question]:

@@ -12,6 +12,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from searchrl.data.textio import iter_json_lines
 from searchrl.data.trajectory import Segment
 from searchrl.errors import DataError
 from searchrl.rewards import FORMAT_RULES, check_segments
@@ -51,18 +52,9 @@ def format_pass_rate(records: Sequence[dict], tags: TagSet, **check_kwargs) -> d
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    if not path.is_file():
+    if not path.exists():
         raise DataError(f"{path} does not exist")
-    records = []
-    with path.open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{line_no}: not valid JSON ({exc.msg})") from None
-    return records
+    return [rec for _, rec in iter_json_lines(path)]
 
 
 def format_check_command(

@@ -12,11 +12,13 @@ FlashRAG's `acc`.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from searchrl.data.textio import head, iter_json_lines, json_error, read_text
 from searchrl.errors import DataError
 from searchrl.metrics import cover_em, cover_em_substring, exact_match, f1_score
 
@@ -45,22 +47,27 @@ class ScoredPrediction:
 
 
 def _golds(value: Any, field: str, where: str) -> tuple[str, ...]:
-    if isinstance(value, str):
+    if isinstance(value, (str, int, float)):
         value = [value]
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        value = [str(value)]
     if not isinstance(value, list) or not value:
         raise DataError(
             f"{where}: `{field}` must be a gold answer or a non-empty list of them, got {value!r}"
         )
-    golds = []
-    for g in value:
-        if isinstance(g, (int, float)) and not isinstance(g, bool):
-            g = str(g)
-        if not isinstance(g, str):
-            raise DataError(f"{where}: `{field}` holds {g!r}; gold answers must be strings")
-        golds.append(g)
-    return tuple(golds)
+    return tuple(_gold(g, field, where) for g in value)
+
+
+def _gold(g: Any, field: str, where: str) -> str:
+    if isinstance(g, float) and not math.isfinite(g):
+        # json reads NaN, Infinity and 1e400 as floats whose text ("nan", "inf") would match.
+        raise DataError(
+            f"{where}: `{field}` holds {g!r}, not a finite number (NaN, Infinity or an overflow "
+            "like 1e400); write the gold answer as a string"
+        )
+    if isinstance(g, (int, float)) and not isinstance(g, bool):
+        return str(g)
+    if not isinstance(g, str):
+        raise DataError(f"{where}: `{field}` holds {g!r}; gold answers must be strings")
+    return g
 
 
 def _prediction(value: Any, field: str, where: str) -> str | None:
@@ -131,30 +138,18 @@ def parse_record(obj: Any, where: str) -> ScoredPrediction:
 def read_predictions(path: str | Path) -> list[ScoredPrediction]:
     """All records of a predictions file; a malformed one raises DataError naming file:line."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such predictions file") from None
-    except UnicodeDecodeError as exc:
-        raise DataError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    if text.lstrip().startswith("["):
+    if not path.exists():
+        raise DataError(f"{path}: no such predictions file")
+    if path.is_dir():
+        raise DataError(f"{path} is a directory; pass the predictions file in it (e.g. {path / 'predictions.jsonl'})")
+    if head(path).startswith("["):
         try:
-            items = json.loads(text)
+            items = json.loads(read_text(path))
         except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{exc.lineno}: invalid JSON array ({exc.msg})") from None
+            raise json_error(f"{path}:{exc.lineno}", exc) from None
         records = [parse_record(obj, f"{path}: item {i}") for i, obj in enumerate(items)]
     else:
-        records = []
-        for lineno, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(
-                    f"{path}:{lineno}: invalid JSON ({exc.msg} at column {exc.colno})"
-                ) from None
-            records.append(parse_record(obj, f"{path}:{lineno}"))
+        records = [parse_record(obj, f"{path}:{lineno}") for lineno, obj in iter_json_lines(path)]
     if not records:
         raise DataError(f"{path}: holds no predictions")
     return records

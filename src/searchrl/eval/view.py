@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from searchrl.data.textio import iter_json_lines, json_error, read_text
 from searchrl.data.trajectory import Segment
 from searchrl.errors import DataError
 from searchrl.eval.view_assets import CSS, JS
@@ -133,27 +134,28 @@ def _item(rec: dict, line: int, where: str) -> ViewItem:
     )
 
 
+# A record carries model output when it has one of these; question files and corpora have none.
+_OUTPUT_KEYS = ("prediction", "segments", "response", "gen_text_store")
+
+
 def load_items(path: Path) -> list[ViewItem]:
     """Every record of a predictions / trajectories JSONL file; DataError names file:line."""
-    if not path.is_file():
+    if not path.exists():
         raise DataError(f"{path} does not exist; pass the predictions.jsonl of `searchrl eval run`")
-    items = []
-    with path.open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{line_no}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(
-                    f"{where}: not valid JSON ({exc.msg}, column {exc.colno})"
-                ) from None
-            if not isinstance(rec, dict):
-                raise DataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
-            items.append(_item(rec, line_no, where))
+    items, has_output = [], False
+    for line_no, rec in iter_json_lines(path):
+        where = f"{path}:{line_no}"
+        if not isinstance(rec, dict):
+            raise DataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+        has_output = has_output or any(key in rec for key in _OUTPUT_KEYS)
+        items.append(_item(rec, line_no, where))
     if not items:
         raise DataError(f"{path} holds no trajectories (the file is empty)")
+    if not has_output:
+        raise DataError(
+            f"{path} holds no predictions: no record has any of {', '.join(_OUTPUT_KEYS)} "
+            "(a question file or corpus?); pass the predictions.jsonl of `searchrl eval run`"
+        )
     return items
 
 
@@ -174,9 +176,9 @@ def load_metrics(path: Path) -> dict[str, object] | None:
     if not metrics_path.is_file():
         return None
     try:
-        data = json.loads(metrics_path.read_text(encoding="utf-8"))
+        data = json.loads(read_text(metrics_path))
     except json.JSONDecodeError as exc:
-        raise DataError(f"{metrics_path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+        raise json_error(f"{metrics_path}:{exc.lineno}", exc) from None
     if not isinstance(data, dict):
         raise DataError(f"{metrics_path}: expected a JSON object of metric name -> number")
     return _flatten(data)
@@ -387,6 +389,9 @@ def write_view(predictions: Path, out: Path | None = None, limit: int | None = N
     Metrics come from metrics.json beside the file when present, else from the records' scores
     (all records, even past `limit`).
     """
+    out = out or predictions.with_suffix(".html")
+    if out.is_dir():
+        raise DataError(f"--out {out} is a directory; give a file name, e.g. {out / predictions.with_suffix('.html').name}")
     items = load_items(predictions)
     metrics = load_metrics(predictions)
     if metrics is not None:
@@ -395,7 +400,6 @@ def write_view(predictions: Path, out: Path | None = None, limit: int | None = N
         metrics = computed_metrics(items)
         caption = f"computed from the {len(items)} records' scores"
     shown = items[:limit] if limit is not None else items
-    out = out or predictions.with_suffix(".html")
     page = render_page(shown, predictions.name, metrics, caption, total=len(items))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page, encoding="utf-8")

@@ -16,7 +16,6 @@ line-based shapes are read one line at a time, so a 29M-passage DPR file never s
 from __future__ import annotations
 
 import csv
-import gzip
 import json
 import re
 import sys
@@ -25,13 +24,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
+from searchrl.data.textio import iter_json_lines, json_error, read_lines
 from searchrl.data.types import Passage
-from searchrl.errors import DataError, SearchRLError
+from searchrl.errors import DataError, DataWarning, SearchRLError
 
 FORMATS = ("jsonl", "flashrag", "kilt", "tsv", "json-list", "json-dict")
 
 
-class CorpusWarning(UserWarning):
+class CorpusWarning(DataWarning):
     """Something in a corpus file was skipped or looks damaged, but reading went on."""
 
 
@@ -161,19 +161,8 @@ def _suffix(path: Path) -> str:
     return suffixes[-1] if suffixes else ""
 
 
-def _open_text(path: Path):
-    # utf-8-sig drops the byte-order mark some Windows-made TSVs start with.
-    if path.suffix.lower() == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8-sig", newline="")
-    return open(path, encoding="utf-8-sig", newline="")
-
-
 def _first_nonblank_line(path: Path) -> str | None:
-    with _open_text(path) as f:
-        for line in f:
-            if line.strip():
-                return line
-    return None
+    return next((line for _, line in read_lines(path) if line.strip()), None)
 
 
 def _ends_with_newline(path: Path) -> bool:
@@ -205,29 +194,17 @@ def _doc_id(record: dict, fallback: int, *keys: str) -> str:
 
 
 def _json_lines(path: Path, expected: str) -> Iterator[tuple[str, dict]]:
-    with _open_text(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                if not line.endswith(("\n", "\r")):
-                    warnings.warn(
-                        f"{where}: the last line is cut off (no line ending, not valid JSON); skipped it",
-                        CorpusWarning,
-                        stacklevel=2,
-                    )
-                    return
-                raise DataError(
-                    f"{where}: not valid JSON ({exc.msg}, column {exc.colno}); fix or remove the line"
-                ) from None
-            if not isinstance(record, dict):
-                raise DataError(
-                    f"{where}: expected a JSON object {expected}, got {type(record).__name__}"
-                )
-            yield where, record
+    for lineno, record in iter_json_lines(path, on_torn_tail=_warn):
+        where = f"{path}:{lineno}"
+        if not isinstance(record, dict):
+            raise DataError(
+                f"{where}: expected a JSON object {expected}, got {type(record).__name__}"
+            )
+        yield where, record
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, CorpusWarning, stacklevel=3)
 
 
 def _missing(where: str, field: str, record: dict, expected: str) -> DataError:
@@ -305,40 +282,39 @@ def _read_tsv(path: Path) -> Iterator[_Doc]:
     columns: list[str] | None = None
     title_pattern: re.Pattern | None = None
     last_line = 0
-    with _open_text(path) as f:
-        reader = csv.reader(f, delimiter="\t")
-        for row in reader:
-            lineno = last_line = reader.line_num
-            where = f"{path}:{lineno}"
-            if not any(cell.strip() for cell in row):
+    reader = csv.reader((line for _, line in read_lines(path)), delimiter="\t")
+    for row in reader:
+        lineno = last_line = reader.line_num
+        where = f"{path}:{lineno}"
+        if not any(cell.strip() for cell in row):
+            continue
+        if columns is None:
+            names = [c.strip().lower() for c in row]
+            if set(names) <= _TSV_NAMES and ({"text", "contents"} & set(names)):
+                columns = names
                 continue
-            if columns is None:
-                names = [c.strip().lower() for c in row]
-                if set(names) <= _TSV_NAMES and ({"text", "contents"} & set(names)):
-                    columns = names
-                    continue
-                if len(row) < 2:
-                    raise DataError(
-                        f"{where}: expected id<TAB>text[<TAB>title], found a single column"
-                    )
-                columns = ["id", "text", "title"][: min(len(row), 3)]
-                if len(columns) == 2:
-                    # Headerless id<TAB>text rows pack the title into the text; learn how once.
-                    title_pattern = next(
-                        (p for p in (_TITLE_TEXT, _TITLE_SPACES) if p.match(row[1])), None
-                    )
-            if len(row) < len(columns):
-                missing = ", ".join(columns[len(row) :])
+            if len(row) < 2:
                 raise DataError(
-                    f"{where}: row has {len(row)} column(s); missing {missing} (columns: {', '.join(columns)})"
+                    f"{where}: expected id<TAB>text[<TAB>title], found a single column"
                 )
-            cells = dict(zip(columns, row))
-            text, title = cells.get("text", ""), cells.get("title", "")
-            if "contents" in cells:
-                title, text = split_contents(cells["contents"])
-            elif title_pattern is not None and (m := title_pattern.match(text)):
-                title, text = m.group(1), m.group(2)
-            yield _Doc(where, cells.get("id") or str(lineno), title, text)
+            columns = ["id", "text", "title"][: min(len(row), 3)]
+            if len(columns) == 2:
+                # Headerless id<TAB>text rows pack the title into the text; learn how once.
+                title_pattern = next(
+                    (p for p in (_TITLE_TEXT, _TITLE_SPACES) if p.match(row[1])), None
+                )
+        if len(row) < len(columns):
+            missing = ", ".join(columns[len(row) :])
+            raise DataError(
+                f"{where}: row has {len(row)} column(s); missing {missing} (columns: {', '.join(columns)})"
+            )
+        cells = dict(zip(columns, row))
+        text, title = cells.get("text", ""), cells.get("title", "")
+        if "contents" in cells:
+            title, text = split_contents(cells["contents"])
+        elif title_pattern is not None and (m := title_pattern.match(text)):
+            title, text = m.group(1), m.group(2)
+        yield _Doc(where, cells.get("id") or str(lineno), title, text)
     if last_line and not _ends_with_newline(path):
         warnings.warn(
             f"{path}:{last_line}: the last row has no line ending; if the file was cut off, "
@@ -352,13 +328,10 @@ def _read_tsv(path: Path) -> Iterator[_Doc]:
 
 
 def _load_json(path: Path):
-    with _open_text(path) as f:
-        try:
-            return json.load(f)
-        except json.JSONDecodeError as exc:
-            raise DataError(
-                f"{path}:{exc.lineno}: not valid JSON ({exc.msg}, column {exc.colno})"
-            ) from None
+    try:
+        return json.loads("".join(line for _, line in read_lines(path)))
+    except json.JSONDecodeError as exc:
+        raise json_error(f"{path}:{exc.lineno}", exc) from None
 
 
 def _read_json_list(path: Path) -> Iterator[_Doc]:

@@ -8,11 +8,15 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable
+from array import array
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import numpy as np
+
 from searchrl.data.types import Passage
-from searchrl.errors import SearchRLError
+from searchrl.errors import DataError, SearchRLError, listing
 from searchrl.retrieval.base import Retriever
 from searchrl.retrieval.kinds import INDEX_KINDS, BuildOptions
 from searchrl.retrieval.store import PassageStore, read_manifest
@@ -60,7 +64,9 @@ def build_index(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".building", dir=out_dir.parent))
     try:
-        store = PassageStore.write(passages, tmp, progress=progress)
+        id_hashes = array("q")  # 8 bytes a passage, so a 21M-passage corpus is checked in 170 MB
+        store = PassageStore.write(_hashing_ids(passages, id_hashes), tmp, progress=progress)
+        _check_unique_ids(store, id_hashes, manifest_fields.get("source"))
         options = BuildOptions(
             embedder=embedder, factory=factory, batch_size=batch_size, progress=progress
         )
@@ -72,6 +78,30 @@ def build_index(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+def _hashing_ids(passages: Iterable[Passage], hashes: array) -> Iterator[Passage]:
+    for p in passages:
+        hashes.append(hash(p.id))
+        yield p
+
+
+def _check_unique_ids(store: PassageStore, hashes: array, source: str | None) -> None:
+    """Raise when two passages share an id: search would return both under one label."""
+    values = np.frombuffer(hashes, dtype=np.int64)
+    unique, counts = np.unique(values, return_counts=True)
+    rows = np.flatnonzero(np.isin(values, unique[counts > 1]))
+    if not len(rows):
+        return
+    ids = Counter(p.id for p in store.get(rows.tolist()))  # equal hashes of different ids are no clash
+    dupes = [pid for pid, n in ids.items() if n > 1]
+    if dupes:
+        store.close()
+        raise DataError(
+            f"{source or 'the passages'}: {len(dupes)} passage id(s) occur more than once: {listing(dupes)}; "
+            "search results would carry the same id for different passages, so give each passage "
+            "its own id (or leave ids out: records are then numbered in file order)"
+        )
 
 
 def _swap_into_place(new: Path, target: Path) -> None:

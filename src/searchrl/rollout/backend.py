@@ -119,6 +119,12 @@ class GenerationBackend(ABC):
         None when the backend has none to offer."""
         return None
 
+    @property
+    def max_context(self) -> int | None:
+        """Most tokens (prompt + response) a sequence may hold: the tokenizer's
+        `model_max_length` (set to the model's max positions when loaded); None when unknown."""
+        return getattr(self.tokenizer, "model_max_length", None)
+
     # -- sequences -------------------------------------------------------------------------------
     @abstractmethod
     def start(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[int]:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.data.types import Question
+from searchrl.errors import SearchRLError
 from searchrl.protocol import Protocol
 from searchrl.retrieval.base import Retriever
 from searchrl.rollout.backend import GenerationBackend
@@ -105,6 +106,7 @@ class RolloutEngine:
         if len(prompts) != len(questions):
             raise ValueError(f"{len(prompts)} prompts for {len(questions)} questions")
         prompt_ids = [self.backend.encode(p, prompt=True) for p in prompts]
+        self._check_prompt_lengths(questions, prompt_ids)
         items = [(q, ids) for q, ids in zip(questions, prompt_ids) for _ in range(n)]
         out: list[Trajectory] = []
         bar = None
@@ -117,6 +119,17 @@ class RolloutEngine:
         if bar is not None:
             bar.close()
         return out
+
+    def _check_prompt_lengths(self, questions: Sequence[Question], prompt_ids: list[list[int]]) -> None:
+        # A prompt that fills the context leaves no room to answer (and past the model's positions
+        # it generates garbage); say which question, rather than let the library warn or fail.
+        limit = self.backend.max_context
+        for q, ids in zip(questions, prompt_ids):
+            if limit is not None and len(ids) >= limit:
+                raise SearchRLError(
+                    f"question {q.id!r}: its prompt is {len(ids):,} tokens, but the model's context holds "
+                    f"{limit:,}; shorten the question (or the prompt template) or leave it out of the dataset"
+                )
 
     # ---------------------------------------------------------------------------------------------
     def _run_batch(self, items, bar) -> list[Trajectory]:

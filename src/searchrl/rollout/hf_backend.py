@@ -110,7 +110,8 @@ class HFBackend(GenerationBackend):
         return self._eos
 
     def encode(self, text: str, *, prompt: bool = False) -> list[int]:
-        ids = self._tok(text, add_special_tokens=prompt)["input_ids"]
+        # verbose=False: no bare "longer than the maximum" warning; the engine checks prompts itself.
+        ids = self._tok(text, add_special_tokens=prompt, verbose=False)["input_ids"]
         bos = self._tok.bos_token_id
         # A chat template already writes BOS as text; don't let the tokenizer add a second one.
         if prompt and bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:

@@ -60,7 +60,7 @@ class ScriptedBackend(GenerationBackend):
         return frozenset([self._tok.eos_token_id])
 
     def encode(self, text: str, *, prompt: bool = False) -> list[int]:
-        return list(self._tok(text, add_special_tokens=prompt)["input_ids"])
+        return list(self._tok(text, add_special_tokens=prompt, verbose=False)["input_ids"])
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self._tok.decode(list(token_ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)

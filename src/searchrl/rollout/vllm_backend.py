@@ -190,6 +190,10 @@ class VLLMBackend(GenerationBackend):
         return self._tok
 
     @property
+    def max_context(self) -> int:
+        return self.max_model_len
+
+    @property
     def eos_token_ids(self) -> frozenset[int]:
         return self._eos
 
