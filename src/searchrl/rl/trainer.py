@@ -10,40 +10,23 @@ from __future__ import annotations
 
 import json
 import shutil
-from datetime import datetime
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from searchrl.config import dump_config
-from searchrl.data.types import Question
 from searchrl.errors import SearchRLError
 from searchrl.protocol import Protocol
 from searchrl.rl import checkpoint as ckpt
+from searchrl.rl import rundir
 from searchrl.rl.actor import Actor
 from searchrl.rl.config import TrainConfig
+from searchrl.rl.preflight import preflight
 from searchrl.rl.rollout_worker import RolloutWorker
 from searchrl.rl.sampler import PromptSampler
 from searchrl.rl.step import StepIndex, train_step
-from searchrl.runlog import RunLogger, truncate_metrics
-
-
-def stage_questions(stage_cfg) -> list[Question]:
-    """The stage's training questions: its dataset, narrowed to `question_types` when set."""
-    from searchrl.data.catalog import load_dataset
-
-    questions = load_dataset(stage_cfg.dataset)
-    if stage_cfg.question_types is None:
-        return questions
-    wanted = set(stage_cfg.question_types)
-    kept = [q for q in questions if q.type in wanted]
-    if not kept:
-        found = sorted({q.type for q in questions if q.type})
-        raise SearchRLError(
-            f"no question of {stage_cfg.dataset} has a type in question_types={sorted(wanted)}; its types are {found}"
-        )
-    return kept
+from searchrl.runlog import RunLogger
 
 
 def step_seed(seed: int, stage: int, step: int) -> int:
@@ -66,40 +49,22 @@ def _stage_plan(cfg: TrainConfig, stages: list[int] | None) -> list[int]:
     return plan
 
 
-def _open_run(cfg: TrainConfig, resume: Path | None) -> tuple[Path, ckpt.TrainerState | None, Path | None]:
-    """(run dir, trainer state to resume from or None, its checkpoint folder)."""
-    if resume is None:
-        run_dir = Path(cfg.out or f"runs/train-{datetime.now():%Y%m%d-%H%M%S}")
-        if (run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists():
-            raise SearchRLError(f"{run_dir} already holds a run; continue it with --resume {run_dir} or choose another --out")
-        run_dir.mkdir(parents=True, exist_ok=True)
-        return run_dir, None, None
-    run_dir = Path(resume)
-    if not run_dir.is_dir():
-        raise SearchRLError(f"cannot resume: {run_dir} is not a run directory")
-    ckpt.clean_temp(run_dir)
-    folder = ckpt.latest_checkpoint(run_dir)
-    if folder is None:
-        raise SearchRLError(f"cannot resume {run_dir}: it has no complete checkpoint (checkpoints/step_XXXX with {ckpt.STATE_FILE})")
-    state = ckpt.load_state(folder)
-    truncate_metrics(run_dir, state.metrics_lines)
-    for f in (run_dir / "samples").glob("step_*.jsonl") if (run_dir / "samples").is_dir() else []:
-        if int(f.stem.split("_")[1]) > state.step:
-            f.unlink()
-    return run_dir, state, folder
-
-
 def train(cfg: TrainConfig, resume: Path | None = None, stages: list[int] | None = None) -> Path:
     """Run (or resume) the stages of `cfg`; returns the run directory.
 
     `stages`: which of [1, 2] to run (default both; disabled or zero-step stages are skipped).
     `resume`: a run directory; training continues after its newest complete checkpoint with the
     saved optimizer, RNG and data position, so the finished run equals an uninterrupted one.
+    The run directory is locked (`RunLock`) while the run trains.
     """
-    run_dir, state, state_dir = _open_run(cfg, resume)
+    run_dir = rundir.run_dir_for(cfg, resume)
+    with rundir.RunLock(run_dir):
+        return _train(cfg.model_copy(update={"out": str(run_dir)}), resume, stages)  # out: the dated name, once
+
+
+def _train(cfg: TrainConfig, resume: Path | None, stages: list[int] | None) -> Path:
+    run_dir, state, state_dir = rundir.open_run(cfg, resume, stages)
     plan = state.plan if state is not None and stages is None else _stage_plan(cfg, stages)
-    cfg = cfg.model_copy(update={"out": str(run_dir)})
-    dump_config(cfg, run_dir / "config.yaml")
     torch.manual_seed(cfg.seed)
     offsets = {s: sum(cfg.stage(x).steps for x in plan[: plan.index(s)]) for s in plan}
 
@@ -111,11 +76,12 @@ def train(cfg: TrainConfig, resume: Path | None = None, stages: list[int] | None
         if first >= len(plan):
             print(f"{run_dir}: every stage is already complete", flush=True)
             return run_dir
+    prepared = preflight(cfg, plan[first:], str(state_dir or cfg.model))
+    dump_config(cfg, run_dir / "config.yaml")  # after the checks: a rejected config never replaces the run's
     actor = Actor.load(cfg, state_dir, lora_resume=bool(state and state.lora))
     if state is not None:
         ckpt.set_rng_state(state.rng)
-    retriever = cfg.retrieval.open()
-    worker = RolloutWorker.create(actor, retriever, Protocol.from_config(cfg.protocol))
+    worker = RolloutWorker.create(actor, prepared.retriever, Protocol.from_config(cfg.protocol))
     logger = RunLogger(run_dir, cfg.logging.tensorboard, purge_step=state.step + 1 if state else None, echo=cfg.logging.progress)
     metrics_lines = state.metrics_lines if state else 0
     try:
@@ -123,7 +89,7 @@ def train(cfg: TrainConfig, resume: Path | None = None, stages: list[int] | None
             stage_cfg = cfg.stage(stage)
             resuming = state is not None and state.stage == stage
             start_step = state.stage_step if resuming else 0
-            sampler = PromptSampler(stage_questions(stage_cfg), cfg.seed, stage, state.data_position if resuming else 0)
+            sampler = PromptSampler(prepared.questions[stage], cfg.seed, stage, state.data_position if resuming else 0)
             prev = plan[plan.index(stage) - 1] if plan.index(stage) > 0 else None
             actor.start_stage(run_dir / "checkpoints" / stage_ends[prev] if prev is not None else None,
                               state.optimizer if resuming else None)
