@@ -21,7 +21,7 @@ from searchrl.protocol import Protocol
 from searchrl.retrieval.index import build_index
 from searchrl.rewards import FORMAT_RULES
 from searchrl.rl import actor as actor_module
-from searchrl.rl import logprobs, step, trainer
+from searchrl.rl import logprobs, preflight, step, trainer
 from searchrl.rl.actor import Actor
 from searchrl.rl.checkpoint import complete_checkpoints, latest_checkpoint
 from searchrl.rl.config import TrainConfig
@@ -352,11 +352,11 @@ def test_stage_questions_narrow_to_the_configured_types(tmp_path):
             for i, t in enumerate(["comparison", "bridge-2hop", "comparison", "inference"])]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     stage = TrainConfig().stage2.model_copy(update={"dataset": str(path)})
-    assert [q.id for q in trainer.stage_questions(stage)] == ["q0", "q1", "q2", "q3"]
+    assert [q.id for q in preflight.stage_questions(stage, "stage2")] == ["q0", "q1", "q2", "q3"]
     narrowed = stage.model_copy(update={"question_types": ["comparison", "inference"]})
-    assert [q.id for q in trainer.stage_questions(narrowed)] == ["q0", "q2", "q3"]
+    assert [q.id for q in preflight.stage_questions(narrowed, "stage2")] == ["q0", "q2", "q3"]
     with pytest.raises(SearchRLError, match=r"its types are \['bridge-2hop', 'comparison', 'inference'\]"):
-        trainer.stage_questions(stage.model_copy(update={"question_types": ["yes-no"]}))
+        preflight.stage_questions(stage.model_copy(update={"question_types": ["yes-no"]}), "stage2")
 
 
 def test_a_config_extends_another_and_overrides_only_what_it_sets(tmp_path):

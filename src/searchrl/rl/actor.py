@@ -251,5 +251,7 @@ class Actor:
                 sharding.save_sharded(folder / ckpt.SHARDED_DIR, self.model, self.optimizer)
                 ckpt.save_rank_rng(folder, self.dist.rank)
                 if export:
-                    sharding.export_full(folder, self.model, self.tokenizer, self.dist.main)
+                    sharding.export_full(folder, self.model, self.dist.main)
+                if self.dist.main:
+                    self.tokenizer.save_pretrained(folder)
         return ckpt.save_checkpoint(run_dir, step, write, state, self.dist)

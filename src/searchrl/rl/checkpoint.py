@@ -1,6 +1,7 @@
 """Checkpoints of a training run: `checkpoints/step_XXXX/` = `save_pretrained` model + tokenizer
 + `trainer_state.pt`, written into a hidden temp folder and renamed into place, so a folder named
-`step_XXXX` is always complete; `checkpoints/latest` names the newest one and is written last.
+`step_XXXX` is always complete; `checkpoints/latest` names the newest one and is written last. `checksums.json` (written before
+`trainer_state.pt`) lets a resume tell a corrupted checkpoint from an intact one.
 
 Several ranks (torchrun) write into the same temp folder: `sharded/` (DCP: each rank's shards of
 the weights and optimizer state), `rng_rank_XXX.pt` each, and at a stage's end the whole model
@@ -26,6 +27,7 @@ import torch
 
 from searchrl.errors import SearchRLError
 from searchrl.rl.distributed import LOCAL, Dist
+from searchrl.rl.integrity import write_checksums
 
 STATE_FILE = "trainer_state.pt"
 SHARDED_DIR = "sharded"
@@ -107,6 +109,7 @@ def save_checkpoint(run_dir: Path, step: int, write: Callable[[Path], None], sta
         write(tmp)
         dist.barrier()
         if dist.main:
+            write_checksums(tmp)
             torch.save(state.to_dict(), tmp / STATE_FILE)  # last: its presence marks the folder complete
             tmp.chmod(0o755)
             if final.exists():  # the same step saved again after a resume: replace it
@@ -153,7 +156,7 @@ def load_state(ckpt: Path) -> TrainerState:
     try:
         return TrainerState.from_dict(torch.load(Path(ckpt) / STATE_FILE, map_location="cpu", weights_only=False))
     except Exception as exc:  # noqa: BLE001  (unpickling fails in many ways; all mean 'unreadable')
-        raise SearchRLError(f"cannot read {Path(ckpt) / STATE_FILE} ({exc}); delete that checkpoint folder to resume from an older one") from None
+        raise SearchRLError(f"cannot read {Path(ckpt) / STATE_FILE} ({exc})") from None
 
 
 def prune(run_dir: Path, keep_last: int | None, protected: set[str]) -> None:

@@ -70,7 +70,7 @@ def load_sharded_optimizer(folder: Path, model, optimizer) -> None:
     set_optimizer_state_dict(model, optimizer, state["optimizer"])
 
 
-def export_full(folder: Path, model, tokenizer, main: bool) -> None:
+def export_full(folder: Path, model, main: bool) -> None:
     """A `save_pretrained` folder of the whole model, written by rank 0 (all ranks gather)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -80,4 +80,3 @@ def export_full(folder: Path, model, tokenizer, main: bool) -> None:
             head = model.get_output_embeddings()
             state.pop(next(f"{n}.weight" for n, m in model.named_modules() if m is head), None)
         model.save_pretrained(folder, state_dict=state)
-        tokenizer.save_pretrained(folder)

@@ -12,44 +12,28 @@ with FSDP2; rank 0 alone opens the run directory, logs, and writes samples.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
-from datetime import datetime
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from searchrl.config import dump_config
-from searchrl.data.types import Question
 from searchrl.errors import SearchRLError
 from searchrl.protocol import Protocol
 from searchrl.rl import checkpoint as ckpt
+from searchrl.rl import rundir
 from searchrl.rl.actor import Actor
 from searchrl.rl.config import TrainConfig
 from searchrl.rl.distributed import Dist, close_distributed, init_distributed
+from searchrl.rl.preflight import preflight
 from searchrl.rl.rollout_worker import RolloutWorker
 from searchrl.rl.sampler import PromptSampler
 from searchrl.rl.step import StepIndex, train_step
-from searchrl.runlog import RunLogger, truncate_metrics
-
-
-def stage_questions(stage_cfg) -> list[Question]:
-    """The stage's training questions: its dataset, narrowed to `question_types` when set."""
-    from searchrl.data.catalog import load_dataset
-
-    questions = load_dataset(stage_cfg.dataset)
-    if stage_cfg.question_types is None:
-        return questions
-    wanted = set(stage_cfg.question_types)
-    kept = [q for q in questions if q.type in wanted]
-    if not kept:
-        found = sorted({q.type for q in questions if q.type})
-        raise SearchRLError(
-            f"no question of {stage_cfg.dataset} has a type in question_types={sorted(wanted)}; its types are {found}"
-        )
-    return kept
+from searchrl.runlog import RunLogger
 
 
 def step_seed(seed: int, stage: int, step: int, rank: int = 0) -> int:
@@ -73,35 +57,22 @@ def _stage_plan(cfg: TrainConfig, stages: list[int] | None) -> list[int]:
     return plan
 
 
-def _check_world(cfg: TrainConfig, plan: list[int], d: Dist) -> None:
-    """Every rank rolls out at least one whole question group, or the run is refused up front."""
+def _check_world(cfg: TrainConfig, plan: list[int], d: Dist, state: ckpt.TrainerState | None, run_dir: Path) -> None:
+    """Every rank rolls out at least one whole question group; a sharded run resumes on as many
+    ranks and from stage ends that hold a whole-model export. Refused up front otherwise."""
     for s in plan:
         if cfg.stage(s).prompts_per_step < d.world:
             raise SearchRLError(f"stage{s}.prompts_per_step={cfg.stage(s).prompts_per_step} is fewer than the {d.world} processes; "
                                 f"give each rank at least one question (or launch fewer processes)")
-
-
-def _open_run(cfg: TrainConfig, resume: Path | None) -> tuple[Path, ckpt.TrainerState | None, Path | None]:
-    """(run dir, trainer state to resume from or None, its checkpoint folder)."""
-    if resume is None:
-        run_dir = Path(cfg.out or f"runs/train-{datetime.now():%Y%m%d-%H%M%S}")
-        if (run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists():
-            raise SearchRLError(f"{run_dir} already holds a run; continue it with --resume {run_dir} or choose another --out")
-        run_dir.mkdir(parents=True, exist_ok=True)
-        return run_dir, None, None
-    run_dir = Path(resume)
-    if not run_dir.is_dir():
-        raise SearchRLError(f"cannot resume: {run_dir} is not a run directory")
-    ckpt.clean_temp(run_dir)
-    folder = ckpt.latest_checkpoint(run_dir)
-    if folder is None:
-        raise SearchRLError(f"cannot resume {run_dir}: it has no complete checkpoint (checkpoints/step_XXXX with {ckpt.STATE_FILE})")
-    state = ckpt.load_state(folder)
-    truncate_metrics(run_dir, state.metrics_lines)
-    for f in (run_dir / "samples").glob("step_*.jsonl") if (run_dir / "samples").is_dir() else []:
-        if int(f.stem.split("_")[1]) > state.step:
-            f.unlink()
-    return run_dir, state, folder
+    if state is None:
+        return
+    if state.world_size != d.world:
+        raise SearchRLError(f"{run_dir} was trained by {state.world_size} process(es); resume it with as many "
+                            f"(torchrun --nproc_per_node {state.world_size})")
+    for name in state.stage_ends.values():
+        if d.sharded and not (run_dir / "checkpoints" / name / "config.json").is_file():
+            raise SearchRLError(f"{name} would end a stage, but a torchrun checkpoint holds the whole model only at a stage's "
+                                f"configured end; resume with that stage's steps unchanged")
 
 
 def train(cfg: TrainConfig, resume: Path | None = None, stages: list[int] | None = None) -> Path:
@@ -110,26 +81,22 @@ def train(cfg: TrainConfig, resume: Path | None = None, stages: list[int] | None
     `stages`: which of [1, 2] to run (default both; disabled or zero-step stages are skipped).
     `resume`: a run directory; training continues after its newest complete checkpoint with the
     saved optimizer, RNG and data position, so the finished run equals an uninterrupted one.
-    Under torchrun, one process per device (`cuda:LOCAL_RANK`, NCCL; gloo on CPU).
+    The run directory is locked (`RunLock`, by rank 0 for all) while the run trains. Under
+    torchrun, one process per device (`cuda:LOCAL_RANK`, NCCL; gloo on CPU).
     """
     d, device = init_distributed(cfg.device)
     try:
-        return _train(cfg.model_copy(update={"device": device}), resume, stages, d)
+        run_dir = d.broadcast(rundir.run_dir_for(cfg, resume) if d.main else None)  # a dated name, once
+        with rundir.RunLock(run_dir) if d.main else contextlib.nullcontext():
+            return _train(cfg.model_copy(update={"out": str(run_dir), "device": device}), resume, stages, d)
     finally:
         close_distributed(d)
 
 
 def _train(cfg: TrainConfig, resume: Path | None, stages: list[int] | None, d: Dist) -> Path:
-    opened = _open_run(cfg, resume) if d.main else None
-    run_dir, state_dir = d.broadcast(opened and (opened[0], opened[2]))
-    state = opened[1] if d.main else (ckpt.load_state(state_dir) if state_dir is not None else None)
+    run_dir, state, state_dir = d.broadcast(rundir.open_run(cfg, resume, stages) if d.main else None)
     plan = state.plan if state is not None and stages is None else _stage_plan(cfg, stages)
-    _check_world(cfg, plan, d)
-    if state is not None and state.world_size != d.world:
-        raise SearchRLError(f"{run_dir} was trained by {state.world_size} process(es); resume it with as many (torchrun --nproc_per_node {state.world_size})")
-    cfg = cfg.model_copy(update={"out": str(run_dir)})
-    if d.main:
-        dump_config(cfg, run_dir / "config.yaml")
+    _check_world(cfg, plan, d, state, run_dir)
     torch.manual_seed(cfg.seed)
     offsets = {s: sum(cfg.stage(x).steps for x in plan[: plan.index(s)]) for s in plan}
 
@@ -142,11 +109,13 @@ def _train(cfg: TrainConfig, resume: Path | None, stages: list[int] | None, d: D
             if d.main:
                 print(f"{run_dir}: every stage is already complete", flush=True)
             return run_dir
+    prepared = preflight(cfg, plan[first:], str(state_dir or cfg.model))
+    if d.main:
+        dump_config(cfg, run_dir / "config.yaml")  # after the checks: a rejected config never replaces the run's
     actor = Actor.load(cfg, state_dir, lora_resume=bool(state and state.lora), dist=d)
     if state is not None:
         ckpt.set_rng_state(ckpt.load_rng(state_dir, state, d.rank))
-    retriever = cfg.retrieval.open()
-    worker = RolloutWorker.create(actor, retriever, Protocol.from_config(cfg.protocol))
+    worker = RolloutWorker.create(actor, prepared.retriever, Protocol.from_config(cfg.protocol))
     logger = RunLogger(run_dir, cfg.logging.tensorboard, purge_step=state.step + 1 if state else None,
                        echo=cfg.logging.progress) if d.main else None
     metrics_lines = state.metrics_lines if state else 0
@@ -155,7 +124,7 @@ def _train(cfg: TrainConfig, resume: Path | None, stages: list[int] | None, d: D
             stage_cfg = cfg.stage(stage)
             resuming = state is not None and state.stage == stage
             start_step = state.stage_step if resuming else 0
-            sampler = PromptSampler(stage_questions(stage_cfg), cfg.seed, stage, state.data_position if resuming else 0)
+            sampler = PromptSampler(prepared.questions[stage], cfg.seed, stage, state.data_position if resuming else 0)
             prev = plan[plan.index(stage) - 1] if plan.index(stage) > 0 else None
             actor.start_stage(run_dir / "checkpoints" / stage_ends[prev] if prev is not None else None,
                               state_dir if resuming else None)

@@ -1,0 +1,64 @@
+"""Checks before the model loads: every planned stage's data, the prompt template and the
+retriever, so a misspelt key fails in seconds with its name, not after Stage 1 has trained."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from searchrl.data.types import Question
+from searchrl.errors import SearchRLError
+from searchrl.protocol import Protocol
+from searchrl.retrieval.base import Retriever
+from searchrl.rl.config import TrainConfig
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What the checks loaded, which the run then uses."""
+
+    questions: dict[int, list[Question]]  # stage -> its training questions
+    retriever: Retriever
+
+
+def stage_questions(stage_cfg, key: str) -> list[Question]:
+    """The stage's training questions: its dataset, narrowed to `question_types` when set.
+    `key` (stage1, stage2) names the config section in errors."""
+    from searchrl.data.catalog import load_dataset
+
+    try:
+        questions = load_dataset(stage_cfg.dataset)
+    except SearchRLError as exc:
+        raise SearchRLError(f"{key}.dataset: {exc}") from None
+    if not questions:
+        raise SearchRLError(f"{key}.dataset: {stage_cfg.dataset} holds no questions")
+    if stage_cfg.question_types is None:
+        return questions
+    wanted = set(stage_cfg.question_types)
+    kept = [q for q in questions if q.type in wanted]
+    if not kept:
+        found = sorted({q.type for q in questions if q.type})
+        raise SearchRLError(
+            f"{key}.question_types: no question of {stage_cfg.dataset} has a type in {sorted(wanted)}; its types are {found}"
+        )
+    return kept
+
+
+def preflight(cfg: TrainConfig, stages: list[int], model: str) -> Prepared:
+    """Load the data of `stages`, render a prompt of each with `model`'s tokenizer (the model or
+    checkpoint the run loads next) and open (and query once) the retriever."""
+    from searchrl.assets import load_tokenizer
+
+    questions = {s: stage_questions(cfg.stage(s), f"stage{s}") for s in stages}
+    protocol, tokenizer = Protocol.from_config(cfg.protocol), load_tokenizer(model)
+    for s in stages:
+        try:
+            protocol.prompt(questions[s][0].question, tokenizer)
+        except SearchRLError as exc:
+            raise SearchRLError(f"protocol.template={cfg.protocol.template} (stage {s}): {exc}") from None
+    key = "retrieval.url" if cfg.retrieval.url is not None else "retrieval.index"
+    try:
+        retriever = cfg.retrieval.open()
+        retriever.search(["preflight"], 1)  # a server that is down fails now, not in the first rollout
+    except SearchRLError as exc:
+        raise SearchRLError(f"{key}={cfg.retrieval.source}: {exc}") from None
+    return Prepared(questions, retriever)

@@ -1,0 +1,193 @@
+"""The run directory: who owns it (`RunLock`) and where a (re)started run begins (`open_run`).
+
+One process owns a run directory while it trains: two trainers on one folder would interleave
+their steps in `metrics.jsonl` and overwrite each other's checkpoints. When several processes
+train one run (torchrun ranks), one of them (rank 0) takes the lock for all.
+
+Resuming continues after the newest *intact* checkpoint (its checksums match and its state
+loads); newer, corrupt ones are skipped with a warning. A run stopped before its first checkpoint
+restarts from step 0. A resume may not renumber steps already taken: a finished stage keeps its
+length, and the current stage may grow but not shrink below where it stands.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import socket
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from typing_extensions import Self
+
+from searchrl.errors import SearchRLError
+from searchrl.rl import checkpoint as ckpt
+from searchrl.rl.config import TrainConfig
+from searchrl.rl.integrity import verify_checksums
+from searchrl.runlog import METRICS_FILE, truncate_metrics
+
+LOCK_FILE = "run.lock"
+
+
+def _warn(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+class RunLock:
+    """An exclusive OS lock (`flock`) on `run_dir/run.lock`, held while the context is open; the file
+    names the owner (PID, host, since when) for the message a second process gets. The kernel drops
+    the lock when its process dies, so a lock left by a killed run is taken over, with a note.
+    A process forked while the lock is held shares it until it exits."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = Path(run_dir)
+        self._fh = None
+
+    def __enter__(self) -> Self:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        fh = (self.run_dir / LOCK_FILE).open("a+", encoding="utf-8")
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = _owner(fh) or "its owner has not written its name yet"
+            fh.close()
+            raise SearchRLError(
+                f"{self.run_dir} is in use by another training process ({owner}); wait for it to end or stop it, "
+                "or train into another --out"
+            ) from None
+        except OSError as exc:
+            fh.close()
+            raise SearchRLError(
+                f"cannot lock {self.run_dir / LOCK_FILE} ({exc}); put the run directory on a file system with locks (a local disk)"
+            ) from None
+        previous = _owner(fh)
+        if previous:  # written by an owner that never released it: it died
+            _warn(f"note: taking over {self.run_dir} from {previous}, which ended without releasing it")
+        fh.truncate(0)  # 'a+' appends, so the record lands at the start of the emptied file
+        since = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        fh.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": since}) + "\n")
+        fh.flush()
+        self._fh = fh
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._fh.truncate(0)  # an empty file: released cleanly
+        self._fh.flush()
+        fcntl.flock(self._fh, fcntl.LOCK_UN)
+        self._fh.close()
+        self._fh = None
+
+
+def _owner(fh) -> str:
+    """'PID 12 on host h, since T' from the lock file, '' when it is empty."""
+    fh.seek(0)
+    text = fh.read().strip()
+    if not text:
+        return ""
+    try:
+        rec = json.loads(text)
+        return f"PID {rec['pid']} on host {rec['host']}, since {rec['since']}"
+    except (ValueError, KeyError, TypeError):
+        return f"unreadable owner record {text[:80]!r}"
+
+
+def run_dir_for(cfg: TrainConfig, resume: Path | None) -> Path:
+    """The run directory a fresh run writes (`cfg.out` or a dated name) or a resumed one continues."""
+    if resume is None:
+        return Path(cfg.out or f"runs/train-{datetime.now():%Y%m%d-%H%M%S}")
+    if not (Path(resume) / "config.yaml").is_file():
+        raise SearchRLError(f"cannot resume: {resume} is not a run directory (it has no config.yaml)")
+    return Path(resume)
+
+
+def open_run(cfg: TrainConfig, resume: Path | None, stages: list[int] | None) -> tuple[Path, ckpt.TrainerState | None, Path | None]:
+    """(run dir, trainer state to resume from, its checkpoint folder); no state: start at step 0.
+    Resuming trims what the stopped run wrote after that checkpoint (metrics, samples)."""
+    run_dir = run_dir_for(cfg, resume)
+    if resume is None:
+        if (run_dir / METRICS_FILE).exists() or (run_dir / "checkpoints").exists():
+            raise SearchRLError(f"{run_dir} already holds a run; continue it with --resume {run_dir} or choose another --out")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return run_dir, None, None
+    ckpt.clean_temp(run_dir)
+    found = newest_intact_checkpoint(run_dir)
+    if found is None:
+        if ckpt.complete_checkpoints(run_dir):
+            raise SearchRLError(
+                f"cannot resume {run_dir}: none of its checkpoints is intact (see the warnings above); "
+                f"move {run_dir / 'checkpoints'} aside to restart the run from step 0"
+            )
+        _warn(f"{run_dir} has no checkpoint (its run stopped before the first one): restarting it from step 0")
+        _trim(run_dir, 0, 0)
+        shutil.rmtree(run_dir / "tb", ignore_errors=True)
+        return run_dir, None, None
+    folder, state = found
+    check_resume(cfg, state, folder, stages)
+    _trim(run_dir, state.step, state.metrics_lines)
+    return run_dir, state, folder
+
+
+def newest_intact_checkpoint(run_dir: Path) -> tuple[Path, ckpt.TrainerState] | None:
+    """The newest checkpoint whose files match their checksums, whose state loads and whose
+    stage-end checkpoints (where later stages start) are intact; corrupt ones are skipped with a warning."""
+    for _, folder in reversed(ckpt.complete_checkpoints(run_dir)):
+        try:
+            state = _intact_state(folder)
+        except SearchRLError as exc:
+            _warn(f"warning: skipping corrupt checkpoint {folder}: {exc}; trying an older one")
+            continue
+        return folder, state
+    return None
+
+
+def _intact_state(folder: Path) -> ckpt.TrainerState:
+    problem = verify_checksums(folder)
+    if problem:
+        raise SearchRLError(problem)
+    state = ckpt.load_state(folder)
+    for name in set(state.stage_ends.values()) - {folder.name}:
+        end = folder.parent / name
+        problem = verify_checksums(end) if end.is_dir() else "it is missing"
+        if problem:
+            raise SearchRLError(f"the stage-end checkpoint it builds on, {name}, is corrupt: {problem}")
+    return state
+
+
+def check_resume(cfg: TrainConfig, state: ckpt.TrainerState, folder: Path, stages: list[int] | None) -> None:
+    """Refuse a resume that would renumber steps already taken. The current stage may be
+    lengthened (its LR schedule then stretches over the new length) or ended where it stands."""
+    where = f"cannot resume {folder.parent.parent}"
+    if stages is not None and list(stages) != state.plan:
+        raise SearchRLError(f"{where} with --stage {' '.join(map(str, stages))}: the run trains stages {state.plan}; drop --stage")
+    offset = 0  # steps before the stage
+    for s in state.plan:
+        steps = cfg.stage(s).steps
+        if s in state.stage_ends:
+            end = int(state.stage_ends[s].split("_")[1])
+            if steps != end - offset:
+                raise SearchRLError(
+                    f"{where} with stage{s}.steps={steps}: Stage {s} finished after {end - offset} steps "
+                    f"(checkpoint {state.stage_ends[s]}), and changing a finished stage's length would renumber "
+                    f"and overwrite its steps; set stage{s}.steps={end - offset}, or start a new run from that checkpoint (model=...)"
+                )
+            offset = end
+        elif s == state.stage:
+            if steps < state.stage_step:
+                raise SearchRLError(
+                    f"{where} with stage{s}.steps={steps}: Stage {s} already stands at step {state.stage_step} "
+                    f"(checkpoint {folder.name}); set stage{s}.steps to {state.stage_step} or more"
+                )
+            if steps == state.stage_step:  # the stage ends at this checkpoint: the next starts from it
+                state.stage_ends[s] = folder.name
+            return
+
+
+def _trim(run_dir: Path, step: int, metrics_lines: int) -> None:
+    """Drop what a stopped run wrote after `step`: metrics records and sample dumps."""
+    truncate_metrics(run_dir, metrics_lines)
+    for f in (run_dir / "samples").glob("step_*.jsonl") if (run_dir / "samples").is_dir() else []:
+        if int(f.stem.split("_")[1]) > step:
+            f.unlink()
