@@ -5,6 +5,7 @@ Heavy imports (torch, transformers, faiss) happen inside the commands so `--help
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 
@@ -352,7 +353,8 @@ def main() -> None:
     try:
         app()
     except SearchRLError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank fails alike: say it once
+            err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
         sys.exit(2)
 
 

@@ -8,7 +8,6 @@ and 2 groups: unequal micro-batch counts, evened out by idle passes.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -21,8 +20,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from searchrl.data.types import Passage
-from searchrl.retrieval.index import build_index
 from searchrl.rl.step import TIMING_KEYS
 from searchrl.runlog import read_metrics
 
@@ -31,18 +28,6 @@ DRIVER = ROOT / "tests" / "dist_driver.py"
 # Stated tolerances: float sums in another order (all-reduces, split micro-batches) and Adam
 # amplifying last-bit gradient differences; the weights move ~4e-3 from their start.
 METRIC_RTOL, ADVANTAGE_ATOL, PARAM_ATOL = 1e-5, 1e-5, 2e-5
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("dist-world")
-    passages = [Passage(f"p{i}", f"Town {i}", f"Town {i} lies on the river R{i}.") for i in range(12)]
-    build_index(passages, root / "index", "bm25", progress=False)
-    (root / "prompt.txt").write_text("Q: {question}\nA: {think_open}")
-    with (root / "q.jsonl").open("w") as fh:
-        for i in range(6):
-            fh.write(json.dumps({"id": f"q{i}", "question": f"Which river flows through Town {i}?", "answers": [f"R{i}"]}) + "\n")
-    return root
 
 
 def _args(world: Path) -> list[str]:
@@ -54,6 +39,7 @@ def _args(world: Path) -> list[str]:
         "stage1.samples_per_prompt=2", "stage2.samples_per_prompt=2",
         "rollout.max_new_tokens=10", "rollout.top_p=1.0",
         "algorithm.lr=1e-3", "algorithm.kl_coef=0.05", "algorithm.ppo_epochs=2", "algorithm.micro_batch_size=2",
+        "algorithm.gradient_checkpointing=true",
         "logging.checkpoint_every=1", "logging.keep_last=null", "logging.progress=false", "logging.tensorboard=false",
     ]
 

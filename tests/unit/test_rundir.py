@@ -25,7 +25,6 @@ from searchrl.rl.config import TrainConfig
 from searchrl.runlog import read_metrics
 
 SRC = Path(__file__).resolve().parents[2] / "src"
-world, varied_rewards = test_trainer.world, test_trainer.varied_rewards  # fixtures shared with the trainer tests
 _overrides = test_trainer._overrides
 
 

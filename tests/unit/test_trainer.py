@@ -3,7 +3,6 @@ no gradient, batches without policy tokens are harmless, every shipped config va
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from pathlib import Path
@@ -15,10 +14,9 @@ from typer.testing import CliRunner
 from searchrl.cli import app
 from searchrl.config import load_config
 from searchrl.data.trajectory import Segment, Trajectory
-from searchrl.data.types import Passage, Question
+from searchrl.data.types import Question
 from searchrl.errors import SearchRLError
 from searchrl.protocol import Protocol
-from searchrl.retrieval.index import build_index
 from searchrl.rewards import FORMAT_RULES
 from searchrl.rl import actor as actor_module
 from searchrl.rl import logprobs, preflight, step, trainer
@@ -31,23 +29,6 @@ from searchrl.rl.sampler import PromptSampler
 from searchrl.runlog import read_metrics
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory) -> Path:
-    """A 12-passage BM25 index and 6 questions about it."""
-    root = tmp_path_factory.mktemp("world")
-    passages = [
-        Passage(f"p{i}", f"Town {i}", f"Town {i} lies on the river R{i} and was founded in {1800 + i}.")
-        for i in range(12)
-    ]
-    build_index(passages, root / "index", "bm25", progress=False)
-    # A short prompt keeps every forward pass small (the built-in templates are ~200 tokens).
-    (root / "prompt.txt").write_text("Q: {question}\nA: {think_open}")
-    with (root / "q.jsonl").open("w") as fh:
-        for i in range(6):
-            fh.write(json.dumps({"id": f"q{i}", "question": f"Which river flows through Town {i}?", "answers": [f"R{i}"]}) + "\n")
-    return root
 
 
 def _overrides(world: Path, out: Path, *extra: str) -> list[str]:
@@ -65,19 +46,6 @@ def _overrides(world: Path, out: Path, *extra: str) -> list[str]:
         "logging.checkpoint_every=1", "logging.keep_last=2", "logging.progress=false",
         *extra,
     ]
-
-
-@pytest.fixture
-def varied_rewards(monkeypatch):
-    """A random model never searches or answers, so every group's reward is flat and nothing
-    would train; add a deterministic function of the sampled tokens to get a real signal."""
-    real = step.compute_reward
-
-    def reward(traj, golds, cfg, tags, **kw):
-        r = real(traj, golds, cfg, tags, **kw)
-        return dataclasses.replace(r, total=r.total + (sum(traj.token_ids) % 7) / 7)
-
-    monkeypatch.setattr(step, "compute_reward", reward)
 
 
 def _question_ids(run: Path) -> dict[int, list[str]]:
