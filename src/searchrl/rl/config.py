@@ -58,7 +58,8 @@ class AlgorithmConfig(StrictModel):
     )
     ppo_epochs: int = Field(1, ge=1, description="Passes over each rollout batch. More reuse samples more but drift off-policy (the clip guards it).")
     mini_batch_size: int | None = Field(
-        None, ge=1, description="Rollouts per optimizer step; the batch is split into ceil(B / this) updates per epoch. null = one update per epoch.",
+        None, ge=1, description="Rollouts per optimizer step, over all processes; the batch is split into ceil(B / this) "
+        "near-equal updates per epoch (each process splits its own rows as many times). null = one update per epoch.",
     )
     micro_batch_size: int = Field(
         4, ge=1, description="Rollouts per forward/backward; gradients accumulate over a mini-batch, so this trades memory for speed and never changes the result.",
