@@ -3,11 +3,12 @@
 # memory (torchrun, one process, FSDP2), on a random ~0.5B Qwen2 model; writes one JSON of figures.
 # Needs a CUDA GPU, torch, transformers and searchrl's own light dependencies; no network, no vLLM.
 # Under 8 minutes on one GPU. The work is done by bench/gpu_check.py, one part per process, each
-# under its own timeout.
+# under its own timeout (90 + 150 + 240 s at most on GPU; TIMEOUT_* below).
 #
 #   scripts/gpu_check.sh                       # GPU; JSON to runs/gpu_check/gpu_check-<date>.json
 #   scripts/gpu_check.sh --out FILE.json       # JSON elsewhere
 #   scripts/gpu_check.sh --dry   (or DRY=1)    # CPU, tiny-random model, a handful of tokens (CI)
+#   scripts/gpu_check.sh --tokenizer DIR       # another tokenizer for the random model (vocab <= 151936)
 #
 # Environment: PYTHON (default python3), SEARCHRL_HOME (the cache: tiny-random model with the
 # tokenizer, the toy world and its BM25 index; on an offline machine carry a copy of it, see
@@ -18,10 +19,12 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DRY="${DRY:-0}"
 OUT=""
+TOKENIZER="tiny-random"  # SmolLM2's tokenizer, shipped offline (searchrl.assets)
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --dry) DRY=1; shift ;;
     --out) OUT="${2:?--out needs a file}"; shift 2 ;;
+    --tokenizer) TOKENIZER="${2:?--tokenizer needs a name or folder}"; shift 2 ;;
     -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
@@ -39,7 +42,7 @@ if [[ $DRY == 1 ]]; then
   export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"  # CI and shared CPUs: one thread is steadier (README)
   T_PREPARE="${TIMEOUT_PREPARE:-120}" T_ROLLOUT="${TIMEOUT_ROLLOUT:-120}" T_TRAIN="${TIMEOUT_TRAIN:-180}"
 else
-  T_PREPARE="${TIMEOUT_PREPARE:-120}" T_ROLLOUT="${TIMEOUT_ROLLOUT:-150}" T_TRAIN="${TIMEOUT_TRAIN:-240}"
+  T_PREPARE="${TIMEOUT_PREPARE:-90}" T_ROLLOUT="${TIMEOUT_ROLLOUT:-150}" T_TRAIN="${TIMEOUT_TRAIN:-240}"
 fi
 
 die() { echo "gpu_check: $*" >&2; exit 1; }
@@ -49,11 +52,11 @@ command -v "$PYTHON" >/dev/null || die "no '$PYTHON' on PATH; set PYTHON=/path/t
 command -v timeout >/dev/null || die "the 'timeout' command (coreutils) is missing"
 missing="$("$PYTHON" - <<'EOF'
 import importlib.util
-need = ["torch", "transformers", "pydantic", "yaml", "typer", "rich", "numpy", "bm25s", "Stemmer", "tqdm"]
+need = ["torch", "transformers", "pydantic", "yaml", "typer", "rich", "numpy", "bm25s", "tqdm"]  # PyStemmer: optional
 print(" ".join(n for n in need if importlib.util.find_spec(n) is None))
 EOF
 )"
-[[ -z "$missing" ]] || die "missing Python modules: $missing (pip names: pydantic pyyaml typer rich numpy bm25s PyStemmer tqdm;
+[[ -z "$missing" ]] || die "missing Python modules: $missing (pip names: pydantic pyyaml typer rich numpy bm25s tqdm;
   offline, carry wheels: docs/scale.md, 'GPU figures')"
 if [[ $DRY == 0 ]]; then
   "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 3)' \
@@ -81,7 +84,7 @@ part() {  # part NAME TIMEOUT COMMAND...
 
 echo "gpu_check: mode=$([[ $DRY == 1 ]] && echo 'dry (CPU)' || echo GPU) python=$PYTHON work=$WORK"
 HELPER="$ROOT/bench/gpu_check.py"
-part prepare "$T_PREPARE" "$PYTHON" "$HELPER" prepare --work "$WORK" "${FLAGS[@]}"
+part prepare "$T_PREPARE" "$PYTHON" "$HELPER" prepare --work "$WORK" --tokenizer "$TOKENIZER" "${FLAGS[@]}"
 part rollout "$T_ROLLOUT" "$PYTHON" "$HELPER" rollout --work "$WORK" "${FLAGS[@]}"
 part train "$T_TRAIN" "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node 1 \
   "$HELPER" train --work "$WORK" "${FLAGS[@]}"

@@ -17,7 +17,6 @@ from searchrl.retrieval.base import Retriever
 from searchrl.retrieval.kinds import INDEX_KINDS, BuildOptions
 from searchrl.retrieval.store import PassageStore, read_manifest
 
-
 _KIND_MODULES = {"bm25": "searchrl.retrieval.bm25", "dense": "searchrl.retrieval.dense"}
 
 
