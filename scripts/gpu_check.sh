@@ -84,10 +84,10 @@ part() {  # part NAME TIMEOUT COMMAND...
 
 echo "gpu_check: mode=$([[ $DRY == 1 ]] && echo 'dry (CPU)' || echo GPU) python=$PYTHON work=$WORK"
 HELPER="$ROOT/bench/gpu_check.py"
-part prepare "$T_PREPARE" "$PYTHON" "$HELPER" prepare --work "$WORK" --tokenizer "$TOKENIZER" "${FLAGS[@]}"
-part rollout "$T_ROLLOUT" "$PYTHON" "$HELPER" rollout --work "$WORK" "${FLAGS[@]}"
+part prepare "$T_PREPARE" "$PYTHON" "$HELPER" prepare --work "$WORK" --tokenizer "$TOKENIZER" ${FLAGS[@]+"${FLAGS[@]}"}
+part rollout "$T_ROLLOUT" "$PYTHON" "$HELPER" rollout --work "$WORK" ${FLAGS[@]+"${FLAGS[@]}"}
 part train "$T_TRAIN" "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node 1 \
-  "$HELPER" train --work "$WORK" "${FLAGS[@]}"
+  "$HELPER" train --work "$WORK" ${FLAGS[@]+"${FLAGS[@]}"}
 times="{\"prepare\": ${SECONDS_OF[prepare]}, \"rollout\": ${SECONDS_OF[rollout]}, \"train\": ${SECONDS_OF[train]}}"
-"$PYTHON" "$HELPER" report --work "$WORK" --out "$OUT" --part-seconds "$times" "${FLAGS[@]}"
+"$PYTHON" "$HELPER" report --work "$WORK" --out "$OUT" --part-seconds "$times" ${FLAGS[@]+"${FLAGS[@]}"}
 echo "gpu_check: wrote $OUT"
