@@ -53,11 +53,18 @@ class Clock:
     neighbours' load; with --threads 1, CPU time measures our own work (equal to wall when idle)."""
 
     def __enter__(self):
+        _sync()
         self.w0, self.c0 = time.perf_counter(), time.process_time()
         return self
 
     def __exit__(self, *exc):
+        _sync()  # GPU work is asynchronous: count it when it has finished
         self.wall, self.cpu = time.perf_counter() - self.w0, time.process_time() - self.c0
+
+
+def _sync() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def sampling(cfg: RolloutConfig) -> dict:
@@ -79,7 +86,7 @@ def run_engine(backend, retriever, protocol, questions, prompts, cfg):
 
 
 def run_limit(model, tok, prompts, new_tokens, cfg):
-    enc = tok(prompts, padding=True, return_tensors="pt")  # left padding (load_model sets it)
+    enc = tok(prompts, padding=True, return_tensors="pt").to(model.device)  # left padding (load_model sets it)
     torch.manual_seed(cfg.seed or 0)
     with Clock() as clock, torch.inference_mode():
         out = model.generate(**enc, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **sampling(cfg))

@@ -21,11 +21,16 @@ from searchrl.retrieval.base import Retriever
 from searchrl.retrieval.kinds import INDEX_KINDS, BuildOptions
 from searchrl.retrieval.store import PassageStore, read_manifest
 
+_KIND_MODULES = {"bm25": "searchrl.retrieval.bm25", "dense": "searchrl.retrieval.dense"}
 
-def _register_builtin_kinds() -> None:
-    # Imported on use: each kind brings its own heavy library (bm25s, faiss).
-    import searchrl.retrieval.bm25
-    import searchrl.retrieval.dense  # noqa: F401
+
+def _register_builtin_kinds(kind: str | None = None) -> None:
+    # Imported on use: each kind brings its own heavy library (bm25s, faiss), so opening a BM25
+    # index works where faiss is not installed.
+    import importlib
+
+    for name in [kind] if kind in _KIND_MODULES else _KIND_MODULES:
+        importlib.import_module(_KIND_MODULES[name])
 
 
 def index_kinds() -> list[str]:
@@ -52,7 +57,7 @@ def build_index(
     renamed into place at the end: a crash never leaves a half-built index behind.
     Extra keyword arguments (e.g. `source="corpus.jsonl"`) are recorded in the manifest.
     """
-    _register_builtin_kinds()
+    _register_builtin_kinds(kind)
     cls = INDEX_KINDS.get(kind)
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
@@ -118,7 +123,7 @@ def open_index(path: Path, *, mmap: bool = True) -> Retriever:
     """Open an index folder written by `build_index` (or an index's `save`) as a `Retriever`."""
     path = Path(path)
     manifest = read_manifest(path)
-    _register_builtin_kinds()
+    _register_builtin_kinds(manifest["kind"])
     return INDEX_KINDS.get(manifest["kind"]).load(path, mmap=mmap)
 
 

@@ -1,0 +1,337 @@
+"""GPU check: rollout speed of our engine against plain `generate`, and one RL step's time and peak
+memory, on a randomly initialised ~0.5B Qwen2 model. Driven part by part by `scripts/gpu_check.sh`
+(each part its own process, under its own timeout); `--dry` runs the same code on CPU with the
+tiny-random model and a handful of tokens, so CI keeps it working.
+
+Parts (all write JSON into --work):
+
+- `prepare`: environment (GPU name, torch/transformers versions, date) and the model: a Qwen2
+  with Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads, 2 KV heads, intermediate 4864, vocab
+  151936, tied embeddings), random weights, the tokenizer we ship offline (SmolLM2's, through
+  `searchrl.assets`; ids past its 49,152 decode to ''), saved with `save_pretrained` so that
+  `model=<folder>` works everywhere. Dry: the `tiny-random` model as it is.
+- `rollout`: `RolloutEngine` + `HFBackend` with BM25 over the toy world (k passages per search),
+  against `model.generate` producing as many new tokens per sequence, no search, same prompts
+  (bench/rollout.py's `run_engine` / `run_limit`). A random model never writes a query, so
+  `SearchingBackend` writes one for it: every `--search-every` sampled tokens (up to
+  `max_searches`) it appends `<search> QUERY </search>` to the sequence (fed to the model like
+  any appended tokens) and reports the stop, so the engine runs real search rounds: a batched
+  retrieval, documents appended to the KV cache, generation resumed. Those query tokens are not
+  counted as sampled: tokens/s counts sampled tokens only.
+- `train` (run under `torchrun --nproc_per_node 1`): `searchrl.rl.trainer.train` on the demo
+  recipe with this model (FSDP2 on one rank, bf16 on GPU), `--steps` Stage-1 steps, searches
+  forced as above, the stage reward plus bench/trainer.py's `toy_reward` (a random model's reward
+  is flat, and flat groups skip their update); its metrics.jsonl gives the step timings;
+  `torch.cuda.max_memory_allocated` the peak (CPU: peak RSS).
+- `report`: one JSON of the figures; its last printed line is `name=value` pairs, ratios first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import platform
+import resource
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the other bench scripts' helpers
+
+ROOT = Path(__file__).resolve().parents[1]
+QWEN2_0_5B = {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+              "num_key_value_heads": 2, "vocab_size": 151936, "max_position_embeddings": 32768, "rope_theta": 1e6,
+              "rms_norm_eps": 1e-6, "tie_word_embeddings": True}
+
+
+def settings(dry: bool) -> dict:
+    """Workload of each mode. GPU: 4 questions x 16 samples (the paper's group size), 512 tokens."""
+    if dry:
+        return {"device": "cpu", "dtype": "float32", "questions": 1, "samples": 4, "max_new_tokens": 40, "search_every": 4,
+                "max_searches": 2, "k": 1, "top_p": 1.0, "steps": 1, "micro_batch": 4}
+    return {"device": "cuda", "dtype": "bfloat16", "questions": 4, "samples": 16, "max_new_tokens": 512, "search_every": 128,
+            "max_searches": 2, "k": 3, "top_p": 0.95, "steps": 2, "micro_batch": 8}
+
+
+def peak_gb(device: str) -> float:
+    import torch
+
+    if device.startswith("cuda"):
+        return torch.cuda.max_memory_allocated() / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
+
+
+def safetensors_params(folder: Path) -> int:
+    """Parameters stored in a save_pretrained folder, from the safetensors headers alone."""
+    total = 0
+    for f in folder.glob("*.safetensors"):
+        with f.open("rb") as fh:
+            header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+        total += sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
+    return total
+
+
+def dump(path: Path, obj: dict) -> None:
+    path.write_text(json.dumps(obj, indent=2) + "\n")
+    print(f"  wrote {path}", flush=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# forced searches
+
+
+class SearchingBackend:
+    """Wraps a `GenerationBackend` so that a model that never searches (random weights) still
+    does: a `generate` call samples at most `every` tokens; a sequence that used them all, with
+    budget and searches left, gets `<query_open> QUERY <query_close>` appended (fed to the model)
+    and comes back as stopped at the end-of-query tag. Everything else is the inner backend's."""
+
+    def __init__(self, inner, tags, queries: list[str], every: int, max_searches: int) -> None:
+        self.inner, self.tags, self.queries = inner, tags, queries
+        self.every, self.max_searches = every, max_searches
+        self.searches: dict[int, int] = {}
+        self.forced_tokens = 0  # appended query tokens, reported as policy tokens but not sampled
+
+    def __getattr__(self, name):  # encode, decode, eos_token_ids, tokenizer, release, sync_weights, ...
+        return getattr(self.inner, name)
+
+    @property
+    def stats(self):
+        return self.inner.stats
+
+    @stats.setter
+    def stats(self, value):
+        self.inner.stats = value
+
+    def start(self, prompts, params):
+        handles = self.inner.start(prompts, params)
+        self.searches.update({h: 0 for h in handles})
+        return handles
+
+    def generate(self, handles, max_new_tokens, stop=(), quorum=1.0):
+        from searchrl.rollout.backend import Continuation, per_sequence_budgets
+
+        budgets = per_sequence_budgets(handles, max_new_tokens)
+        forcing = [self.searches.get(h, 0) < self.max_searches and b > self.every for h, b in zip(handles, budgets)]
+        outs = self.inner.generate(handles, [min(b, self.every) if f else b for b, f in zip(budgets, forcing)], stop, quorum)
+        result = []
+        for h, o, f in zip(handles, outs, forcing):
+            if f and o.finish_reason == "length" and len(o.token_ids) == self.every:
+                query = self.queries[(h + self.searches[h]) % len(self.queries)]
+                ids = self.inner.encode(f" {self.tags.query_open} {query} {self.tags.query_close}")
+                self.inner.append([h], [ids])
+                self.searches[h] += 1
+                self.forced_tokens += len(ids)
+                o = Continuation(o.token_ids + ids, o.logprobs + [0.0] * len(ids), "stop", self.tags.query_close)
+            result.append(o)
+        return result
+
+    def append(self, handles, token_ids):
+        self.inner.append(handles, token_ids)
+
+
+def toyworld_queries(n: int = 32) -> list[str]:
+    """The first words of toy-world questions (their entity names): short queries that find passages."""
+    from searchrl.data.catalog import load_dataset
+
+    return [" ".join(q.question.rstrip("?").split()[:6]) for q in load_dataset("toyworld:train")[:n]]
+
+
+# ------------------------------------------------------------------------------------------------
+# parts
+
+
+def prepare(args, s: dict) -> None:
+    import torch
+    import transformers
+
+    env = {"mode": "dry" if args.dry else "gpu", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+           "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
+           "host": platform.node(), "device": s["device"], "cuda": torch.version.cuda,
+           "gpu": torch.cuda.get_device_name(0) if s["device"] == "cuda" else "none (CPU dry run)",
+           "gpu_memory_gb": torch.cuda.get_device_properties(0).total_memory / 2**30 if s["device"] == "cuda" else 0.0,
+           "settings": s}
+    from searchrl.assets import load_tokenizer, resolve_model
+
+    if args.dry:  # read from the files: importing transformers' model classes takes seconds on CPU
+        folder = resolve_model("tiny-random")
+        cfg = SimpleNamespace(**json.loads((Path(folder) / "config.json").read_text()))
+        params = safetensors_params(Path(folder))
+    else:
+        from transformers import AutoModelForCausalLM, Qwen2Config
+
+        tok = load_tokenizer(args.tokenizer)
+        if len(tok) > QWEN2_0_5B["vocab_size"]:
+            raise SystemExit(f"tokenizer {args.tokenizer!r} has {len(tok)} tokens, more than the model's vocabulary")
+        cfg = Qwen2Config(**QWEN2_0_5B, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                          pad_token_id=tok.pad_token_id)
+        torch.manual_seed(0)
+        with torch.device(s["device"]):
+            model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+        params = sum(p.numel() for p in model.parameters())
+        folder = Path(args.work) / "model"
+        model.save_pretrained(folder)
+        tok.model_max_length = cfg.max_position_embeddings
+        tok.save_pretrained(folder)
+        del model
+    env["model"] = {"folder": str(folder), "params": params, "architecture": (getattr(cfg, "architectures", None) or [cfg.model_type])[0],
+                    "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size, "heads": cfg.num_attention_heads,
+                    "kv_heads": cfg.num_key_value_heads, "vocab": cfg.vocab_size}
+    # The demo's template (a worked example, ~420 tokens); dry: a one-line prompt keeps CPU passes short.
+    env["template"] = "oneshot"
+    if args.dry:
+        env["template"] = str(Path(args.work) / "prompt.txt")
+        Path(env["template"]).write_text("Question: {question}\nSearch with {query_open} ... {query_close}.\nAnswer: {think_open}")
+    print(f"  model: {env['model']['architecture']} {params / 1e6:.1f}M parameters at {folder}", flush=True)
+    dump(Path(args.work) / "env.json", env)
+
+
+def run_rollout(args, s: dict) -> None:
+    import torch
+    from rollout import run_engine, run_limit
+
+    from searchrl.assets import load_model
+    from searchrl.data.catalog import load_dataset
+    from searchrl.protocol import Protocol
+    from searchrl.retrieval import open_retriever
+    from searchrl.rollout.config import RolloutConfig
+    from searchrl.rollout.hf_backend import HFBackend
+
+    env = json.loads((Path(args.work) / "env.json").read_text())
+    model, tok = load_model(env["model"]["folder"], device=s["device"], dtype=s["dtype"])
+    questions = load_dataset("toyworld:test")[: s["questions"]]
+    retriever = open_retriever("toyworld")
+    protocol = Protocol.named("search-r1", env["template"])
+    prompts = [protocol.prompt(q.question, tok) for q in questions]
+    cfg = RolloutConfig(max_new_tokens=s["max_new_tokens"], max_searches=s["max_searches"], k=s["k"], temperature=1.0,
+                        top_p=s["top_p"], seed=0, samples_per_question=s["samples"], batch_size=s["questions"] * s["samples"])
+    queries = toyworld_queries()
+
+    def engine_run(c):
+        backend = SearchingBackend(HFBackend(model, tok), protocol.tags, queries, s["search_every"], s["max_searches"])
+        r = run_engine(backend, retriever, protocol, questions, prompts, c)
+        r["sampled"] = r["policy"] - backend.forced_tokens
+        return r
+
+    expanded = [p for p in prompts for _ in range(s["samples"])]
+    print(f"  warm-up: {len(expanded)} sequences, {len(tok(prompts[0])['input_ids'])}-token prompts", flush=True)
+    engine_run(cfg.model_copy(update={"max_new_tokens": min(8, s["max_new_tokens"]), "samples_per_question": 2}))
+    run_limit(model, tok, expanded[:2], 4, cfg)
+    if s["device"] == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    eng = engine_run(cfg)
+    print(f"  engine: {eng['sampled']} sampled + {eng['policy'] - eng['sampled']} query + {eng['env']} document tokens, "
+          f"{eng['searches']} searches, {eng['wall']:.2f}s", flush=True)
+    new_tokens = max(1, math.ceil(eng["sampled"] / len(expanded)))
+    lim = run_limit(model, tok, expanded, new_tokens, cfg)
+    print(f"  generate: {len(expanded)}x{new_tokens} tokens, no search, {lim['wall']:.2f}s", flush=True)
+    dump(Path(args.work) / "rollout.json", {
+        "engine_tok_s": eng["sampled"] / eng["wall"], "generate_tok_s": lim["policy"] / lim["wall"],
+        "engine_vs_generate": (eng["sampled"] / eng["wall"]) / (lim["policy"] / lim["wall"]),
+        "engine_seconds": eng["wall"], "generate_seconds": lim["wall"], "sequences": len(expanded),
+        "sampled_tokens": eng["sampled"], "query_tokens": eng["policy"] - eng["sampled"], "document_tokens": eng["env"],
+        "searches": eng["searches"], "retrieval_seconds": eng["retrieval_s"], "generate_new_tokens": new_tokens,
+        "prompt_tokens": len(tok(prompts[0])["input_ids"]), "peak_gb": peak_gb(s["device"]),
+    })
+
+
+def run_train(args, s: dict) -> None:
+    import torch
+    from trainer import toy_reward
+
+    from searchrl.config import load_config
+    from searchrl.rl import step, trainer
+    from searchrl.rl.config import TrainConfig
+    from searchrl.rl.rollout_worker import RolloutWorker
+    from searchrl.runlog import read_metrics
+
+    env = json.loads((Path(args.work) / "env.json").read_text())
+    queries = toyworld_queries()
+    real_reward, real_create = step.compute_reward, RolloutWorker.create.__func__
+
+    def reward(traj, *a, **kw):  # a random model's reward is flat: add a hash of its text (see above)
+        r = real_reward(traj, *a, **kw)
+        return dataclasses.replace(r, total=r.total + toy_reward("".join(x.text for x in traj.segments if x.source == "policy")))
+
+    def create(cls, actor, retriever, protocol):
+        worker = real_create(cls, actor, retriever, protocol)
+        worker.engine.backend = SearchingBackend(worker.engine.backend, protocol.tags, queries, s["search_every"], s["max_searches"])
+        return worker
+
+    step.compute_reward = reward
+    RolloutWorker.create = classmethod(create)
+    run_dir = Path(args.work) / "train-run"
+    overrides = [
+        f"model={env['model']['folder']}", f"device={s['device']}", f"dtype={s['dtype']}", f"out={run_dir}", "seed=0",
+        f"rollout.max_new_tokens={s['max_new_tokens']}", f"rollout.k={s['k']}", f"rollout.max_searches={s['max_searches']}",
+        f"rollout.top_p={s['top_p']}", f"rollout.batch_size={s['questions'] * s['samples']}",
+        f"stage1.steps={s['steps']}", f"stage1.prompts_per_step={s['questions']}", f"stage1.samples_per_prompt={s['samples']}",
+        f"protocol.template={env['template']}", "stage2.steps=0", "algorithm.mini_batch_size=null", f"algorithm.micro_batch_size={s['micro_batch']}",
+        f"algorithm.gradient_checkpointing={'false' if args.dry else 'true'}",
+        "logging.progress=false", "logging.tensorboard=false", "logging.sample_every=0", "logging.checkpoint_every=0",
+    ]
+    cfg = load_config(TrainConfig, str(ROOT / "configs" / "demo-cpu.yaml"), overrides)
+    if s["device"] == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    trainer.train(cfg)
+    total = time.perf_counter() - t0
+    if os.environ.get("RANK", "0") != "0":
+        return
+    rows = read_metrics(run_dir)
+    keys = ("step_seconds", "rollout_seconds", "logprob_seconds", "update_seconds", "tokens_per_s", "response_tokens", "updates")
+    steps = [{k: r.get(k) for k in keys} for r in rows]
+    if not steps or any(r["updates"] < 1 for r in steps):
+        raise SystemExit(f"the RL steps made no update (metrics: {steps}); the step time would leave the update out")
+    for i, r in enumerate(steps, 1):
+        print(f"  step {i}: {r['step_seconds']:.2f}s (rollout {r['rollout_seconds']:.2f}, log-probs {r['logprob_seconds']:.2f}, "
+              f"update {r['update_seconds']:.2f}), {r['response_tokens']:.0f} tokens/rollout", flush=True)
+    dump(Path(args.work) / "train.json", {
+        "steps": steps, "step_seconds": steps[-1]["step_seconds"], "peak_gb": peak_gb(s["device"]),
+        "processes": int(os.environ.get("WORLD_SIZE", "1")), "total_seconds": total,
+        "rollouts_per_step": s["questions"] * s["samples"],
+    })
+
+
+def report(args, s: dict) -> None:
+    work = Path(args.work)
+    env, ro, tr = (json.loads((work / f"{n}.json").read_text()) for n in ("env", "rollout", "train"))
+    times = json.loads(args.part_seconds) if args.part_seconds else {}
+    out = {**env, "figures": {
+        "engine_vs_generate": ro["engine_vs_generate"], "engine_tok_s": ro["engine_tok_s"], "generate_tok_s": ro["generate_tok_s"],
+        "rl_step_seconds": tr["step_seconds"], "rl_peak_gb": tr["peak_gb"], "rollout_peak_gb": ro["peak_gb"],
+    }, "rollout": ro, "train": tr, "part_seconds": times}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    f = out["figures"]
+    print(f"gpu={env['gpu']!r} torch={env['torch']} transformers={env['transformers']} model={env['model']['params'] / 1e6:.1f}M")
+    print(" ".join(f"{k}={v:.3f}" for k, v in f.items()))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("part", choices=["prepare", "rollout", "train", "report"])
+    ap.add_argument("--work", required=True, help="folder the parts share (model, part JSONs, the training run)")
+    ap.add_argument("--dry", action="store_true", help="CPU, tiny-random, a handful of tokens (CI)")
+    ap.add_argument("--tokenizer", default="tiny-random", help="tokenizer source (searchrl.assets name or folder); "
+                    "tiny-random carries SmolLM2's")
+    ap.add_argument("--out", help="report: the JSON to write")
+    ap.add_argument("--part-seconds", help="report: JSON object of each part's wall seconds (from the shell script)")
+    args = ap.parse_args()
+    s = settings(args.dry)
+    if args.part == "report":
+        return report(args, s)  # no torch: seconds, not minutes
+    import torch
+
+    if s["device"] == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("CUDA is not available (torch.cuda.is_available() is False): run on a GPU machine, or use --dry")
+    {"prepare": prepare, "rollout": run_rollout, "train": run_train}[args.part](args, s)
+
+
+if __name__ == "__main__":
+    main()
