@@ -84,6 +84,7 @@ def train_step(actor: Actor, worker: RolloutWorker, stage_cfg: StageConfig, ques
     t0 = time.perf_counter()
     trajectories = worker.collect(questions, stage_cfg.samples_per_prompt, at.seed, progress)
     worker.sleep()  # a colocated engine frees its memory for the update
+    actor.dist.barrier()  # the rollout phase ends with the slowest rank's (its wait is not log-prob time)
     t1 = time.perf_counter()
     scored = score(trajectories, questions, stage_cfg, worker)
     batch = prepare(actor, scored)
