@@ -27,7 +27,15 @@ from searchrl.rl.config import TrainConfig
 from searchrl.rl.distributed import LOCAL, Dist
 from searchrl.rl.logprobs import batched_logprobs, idle_pass, micro_logprobs
 from searchrl.rl.losses import LOSS_AGGREGATIONS, PolicyLossStats, kl_loss, loss_units, policy_loss
-from searchrl.rl.policy import Reference, autocast, compute_dtype, load_policy, make_reference, set_update_mode
+from searchrl.rl.policy import (
+    Reference,
+    autocast,
+    compute_dtype,
+    load_policy,
+    make_reference,
+    set_update_mode,
+)
+from searchrl.rollout.weights import whole_tensor
 
 
 @dataclass(frozen=True)
@@ -115,18 +123,20 @@ class Actor:
     def autocast(self):
         return autocast(self.cfg)
 
-    def start_stage(self, reference_source: Path | None, resume_from: Path | None = None) -> None:
-        """A fresh optimizer (or, resuming, the one saved in the checkpoint `resume_from`) and the
-        stage's reference, as the authors launch Stage 2: from Stage 1's weights, with new
-        optimizer state."""
+    def start_stage(self, reference_source: Path | None, resume_from: tuple[Path, ckpt.TrainerState] | None = None) -> None:
+        """A fresh optimizer (or, resuming, the one saved with the checkpoint `resume_from` =
+        (folder, its trainer state)) and the stage's reference, as the authors launch Stage 2:
+        from Stage 1's weights, with new optimizer state."""
         alg = self.cfg.algorithm
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad], lr=alg.lr, betas=alg.betas, weight_decay=alg.weight_decay
         )
-        if resume_from is not None and self.dist.sharded:
-            sharding.load_sharded_optimizer(resume_from / ckpt.SHARDED_DIR, self.model, self.optimizer)
-        elif resume_from is not None:
-            self.optimizer.load_state_dict(ckpt.load_state(resume_from).optimizer)
+        if resume_from is not None:
+            folder, saved = resume_from
+            if self.dist.sharded:
+                sharding.load_sharded_optimizer(folder / ckpt.SHARDED_DIR, self.model, self.optimizer)
+            else:  # already read with the trainer state: not loaded from disk a second time
+                self.optimizer.load_state_dict(saved.optimizer)
         self.reference = None  # the previous stage's copy goes before the next one loads
         self.reference = make_reference(self.cfg, self.model, reference_source)
         if self.reference is not None and self.dist.sharded:
@@ -201,7 +211,7 @@ class Actor:
                 for _ in range(passes - len(chunks)):
                     idle_pass(self.model, backward=True)
                 norm = torch.nn.utils.clip_grad_norm_(params, alg.max_grad_norm or float("inf"))
-                acc.grad_norms.append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
+                acc.grad_norms.append(float(whole_tensor(norm)))  # sharded: a DTensor of the global norm
                 self.optimizer.step()
         self.model.eval()
         return acc.reduced(self.dist).stats(self.optimizer.param_groups[0]["lr"])

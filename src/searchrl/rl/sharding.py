@@ -45,7 +45,10 @@ def is_sharded(model) -> bool:
 def save_sharded(folder: Path, model, optimizer) -> None:
     """Each rank writes its shards of the weights and the optimizer state into `folder` (DCP)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
 
     dcp.save({"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=str(folder))
 
@@ -63,7 +66,10 @@ def load_sharded_model(folder: Path, model) -> None:
 def load_sharded_optimizer(folder: Path, model, optimizer) -> None:
     """The optimizer state of a `save_sharded` folder, into a fresh optimizer of `model`."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
 
     state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
     dcp.load(state, checkpoint_id=str(folder))

@@ -127,7 +127,7 @@ def _train(cfg: TrainConfig, resume: Path | None, stages: list[int] | None, d: D
             sampler = PromptSampler(prepared.questions[stage], cfg.seed, stage, state.data_position if resuming else 0)
             prev = plan[plan.index(stage) - 1] if plan.index(stage) > 0 else None
             actor.start_stage(run_dir / "checkpoints" / stage_ends[prev] if prev is not None else None,
-                              state_dir if resuming else None)
+                              (state_dir, state) if resuming else None)
             for k in range(start_step, stage_cfg.steps):
                 step = offsets[stage] + k + 1
                 at = StepIndex(stage, step, k, step_seed(cfg.seed, stage, step, d.rank))

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import torch
 
 
-def _whole(t: torch.Tensor) -> torch.Tensor:
+def whole_tensor(t: torch.Tensor) -> torch.Tensor:
     """The full tensor of an FSDP2 shard (a DTensor; an all-gather), else `t`."""
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
@@ -23,7 +23,7 @@ def named_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     consume the iterator to its end, in step with the others)."""
     if not hasattr(model, "get_base_model"):
         for name, p in model.named_parameters():
-            yield name, _whole(p.detach())
+            yield name, whole_tensor(p.detach())
         return
     from peft.tuners.lora import LoraLayer
 
