@@ -77,7 +77,9 @@ class FakeOpenAI:
 
 
 @pytest.fixture
-def fake():
+def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    monkeypatch.setenv("OPENAI_API_KEY", "k")
+    monkeypatch.setenv("SEARCHRL_HOME", str(tmp_path / "home"))  # the CLI's verdict cache
     server = FakeOpenAI()
     yield server
     server.close()
@@ -92,8 +94,9 @@ ITEMS = [
 ]
 
 
-def test_verdicts_in_order_and_request_format(fake: FakeOpenAI) -> None:
-    judge = Judge(fake.url, model="judge-mini", api_key="sk-test", workers=3)
+def test_verdicts_in_order_and_request_format(fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JUDGE_KEY", "sk-test")
+    judge = Judge(fake.url, model="judge-mini", api_key_env="JUDGE_KEY", workers=3)
     assert judge.judge_many(ITEMS) == [True, False, True, False, False]
     # The empty prediction is graded False without a call.
     assert len(fake.requests) == 4
@@ -120,14 +123,14 @@ def test_openai_without_key_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_retries_with_backoff_then_succeeds(fake: FakeOpenAI) -> None:
     fake.fail_first = 2
-    judge = Judge(fake.url, api_key="k", max_retries=3, backoff_s=0.01)
+    judge = Judge(fake.url, max_retries=3, backoff_s=0.01)
     assert judge.judge_one(ITEMS[0]) is True
     assert len(fake.requests) == 3
 
 
 def test_gives_up_after_retries(fake: FakeOpenAI) -> None:
     fake.fail_first = 100
-    judge = Judge(fake.url, api_key="k", max_retries=2, backoff_s=0.01)
+    judge = Judge(fake.url, max_retries=2, backoff_s=0.01)
     with pytest.raises(JudgeError, match=r"did not answer after 3 tries .*HTTP 503"):
         judge.judge_one(ITEMS[0])
     assert len(fake.requests) == 3
@@ -138,7 +141,7 @@ def test_unreachable_server() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     judge = Judge(
-        f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=1, backoff_s=0.01, timeout_s=2
+        f"http://127.0.0.1:{port}/v1", max_retries=1, backoff_s=0.01, timeout_s=2
     )
     with pytest.raises(JudgeError, match=f"127.0.0.1:{port}.*is the server up"):
         judge.judge_one(ITEMS[0])
@@ -150,21 +153,45 @@ def test_unreachable_server() -> None:
 def test_hard_http_errors_are_not_retried(fake: FakeOpenAI, status: int, message: str) -> None:
     fake.status = status
     with pytest.raises(JudgeError, match=re.escape(message)):
-        Judge(fake.url, api_key="k", backoff_s=0.01).judge_many(ITEMS[:2])
+        Judge(fake.url, backoff_s=0.01).judge_many(ITEMS[:2])
     assert len(fake.requests) <= 2  # one per item at most, no retries
 
 
-def test_non_chat_reply_is_an_error(fake: FakeOpenAI) -> None:
-    fake.raw = '{"unexpected": true}'
-    with pytest.raises(JudgeError, match="not a chat completion"):
-        Judge(fake.url, api_key="k").judge_one(ITEMS[0])
+@pytest.mark.parametrize("raw", ['{"unexpected": true}', "not json", '{"choices": []}'])
+def test_malformed_replies_are_counted_not_raised(fake: FakeOpenAI, raw: str) -> None:
+    fake.raw = raw
+    judge = Judge(fake.url)
+    assert judge.judge_many(ITEMS[:2]) == [None, None]
+    assert (judge.stats.requests, judge.stats.malformed) == (2, 2)
 
 
 def test_unparseable_verdict_is_none(fake: FakeOpenAI) -> None:
     fake.reply = "I am not sure."
-    assert Judge(fake.url, api_key="k").judge_one(ITEMS[0]) is None
+    judge = Judge(fake.url)
+    assert judge.judge_one(ITEMS[0]) is None and judge.stats.malformed == 1
     fake.reply = "**False** - the answer is Milan."
-    assert Judge(fake.url, api_key="k").judge_one(ITEMS[0]) is False
+    assert Judge(fake.url).judge_one(ITEMS[0]) is False
+
+
+def test_cached_verdicts_cost_no_request(fake: FakeOpenAI, tmp_path: Path) -> None:
+    cache = tmp_path / "verdicts.sqlite"
+    first = Judge(fake.url, cache=cache)
+    assert first.judge_many(ITEMS) == [True, False, True, False, False]
+    assert (first.stats.requests, first.stats.cache_hits) == (4, 0)
+    again = Judge(fake.url, cache=cache)  # another process would see the same file
+    assert again.judge_many(ITEMS) == [True, False, True, False, False]
+    assert (again.stats.requests, again.stats.cache_hits, len(fake.requests)) == (0, 4, 4)
+    other_model = Judge(fake.url, model="other", cache=cache)  # the key holds the judge model
+    other_model.judge_one(ITEMS[0])
+    assert other_model.stats.requests == 1
+
+
+def test_malformed_verdicts_are_not_cached(fake: FakeOpenAI, tmp_path: Path) -> None:
+    fake.reply = "Maybe."
+    Judge(fake.url, cache=tmp_path / "c.sqlite").judge_one(ITEMS[0])
+    fake.reply = None
+    assert Judge(fake.url, cache=tmp_path / "c.sqlite").judge_one(ITEMS[0]) is True
+    assert len(fake.requests) == 2
 
 
 @pytest.mark.parametrize(
