@@ -5,75 +5,14 @@ from __future__ import annotations
 import json
 import re
 import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from loopback import FakeOpenAI
 from typer.testing import CliRunner
 
 from searchrl.cli import app
 from searchrl.judge import Judge, JudgeError, JudgeItem, parse_verdict
-
-
-class FakeOpenAI:
-    """A chat-completions server whose 'model' says True when a gold answer occurs in the prediction.
-
-    `fail_first` requests get HTTP 503 (to exercise retries); `status` forces every reply's code;
-    `reply` overrides the verdict text; `raw` overrides the whole body.
-    """
-
-    def __init__(self) -> None:
-        self.requests: list[dict] = []
-        self.headers: list[dict] = []
-        self.fail_first = 0
-        self.status = 200
-        self.reply: str | None = None
-        self.raw: str | None = None
-        self.lock = threading.Lock()
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with fake.lock:
-                    fake.requests.append({"path": self.path, **body})
-                    fake.headers.append(dict(self.headers))
-                    failing = len(fake.requests) <= fake.fail_first
-                if failing:
-                    return self._send(503, '{"error": "overloaded"}')
-                if fake.status != 200:
-                    return self._send(fake.status, '{"error": "nope"}')
-                if fake.raw is not None:
-                    return self._send(200, fake.raw)
-                user = body["messages"][-1]["content"]
-                golds = re.search(r"Gold answer\(s\): (.*)", user).group(1).split(" | ")
-                pred = re.search(r"Predicted answer: (.*)", user).group(1)
-                verdict = fake.reply or str(any(g.lower() in pred.lower() for g in golds))
-                msg = {
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": verdict}}]
-                }
-                self._send(200, json.dumps(msg))
-
-            def _send(self, code: int, text: str) -> None:
-                data = text.encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture
@@ -100,19 +39,19 @@ def test_verdicts_in_order_and_request_format(fake: FakeOpenAI, monkeypatch: pyt
     assert judge.judge_many(ITEMS) == [True, False, True, False, False]
     # The empty prediction is graded False without a call.
     assert len(fake.requests) == 4
-    first = next(r for r in fake.requests if "France" in r["messages"][-1]["content"])
-    assert first["path"] == "/v1/chat/completions"
-    assert first["model"] == "judge-mini" and first["temperature"] == 0
-    assert [m["role"] for m in first["messages"]] == ["system", "user"]
-    assert "True or False" in first["messages"][0]["content"]
-    assert all(h.get("Authorization") == "Bearer sk-test" for h in fake.headers)
+    first = next(r for r in fake.requests if "France" in r.body["messages"][-1]["content"])
+    assert first.path == "/v1/chat/completions"
+    assert first.body["model"] == "judge-mini" and first.body["temperature"] == 0
+    assert [m["role"] for m in first.body["messages"]] == ["system", "user"]
+    assert "True or False" in first.body["messages"][0]["content"]
+    assert all(r.headers.get("authorization") == "Bearer sk-test" for r in fake.requests)
 
 
 def test_api_key_comes_from_env(fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
     Judge(fake.url).judge_one(ITEMS[0])
-    assert fake.headers[-1]["Authorization"] == "Bearer sk-env"
-    assert fake.requests[-1]["model"] == "gpt-4o-mini"
+    assert fake.requests[-1].headers["authorization"] == "Bearer sk-env"
+    assert fake.requests[-1].body["model"] == "gpt-4o-mini"
 
 
 def test_openai_without_key_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
