@@ -10,7 +10,7 @@ import threading
 import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import parse_qsl, urlsplit
 
 
@@ -147,8 +147,10 @@ class FakeWeb(LoopbackServer):
     """The five search APIs, told apart by method and path, each answering in its documented JSON
     with links to this server's `PAGES` (in that order); `override(seen)` may answer instead."""
 
-    ROUTES = {("GET", "/customsearch/v1"): "google", ("GET", "/res/v1/web/search"): "brave",
-              ("POST", "/search"): "serper", ("GET", "/search.json"): "serpapi", ("GET", "/search"): "searxng"}
+    ROUTES: ClassVar[dict[tuple[str, str], str]] = {
+        ("GET", "/customsearch/v1"): "google", ("GET", "/res/v1/web/search"): "brave", ("POST", "/search"): "serper",
+        ("GET", "/search.json"): "serpapi", ("GET", "/search"): "searxng",
+    }
 
     def __init__(self) -> None:
         super().__init__()

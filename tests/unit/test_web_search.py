@@ -4,7 +4,6 @@ caps, the provider's pace, and the cache shared between processes."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -77,17 +76,17 @@ def test_each_provider_sends_its_documented_request_and_reads_its_answer(web, pr
 def test_a_missing_key_is_a_one_line_error_naming_the_variable(web, monkeypatch, provider, unset, variable):
     monkeypatch.delenv(unset)
     with pytest.raises(SearchRLError, match=variable) as err:
-        RetrievalConfig(web=provider).open()
+        RetrievalConfig(web={"provider": provider}).open()
     assert "\n" not in str(err.value)
     assert web.requests == []
 
 
 def test_unknown_provider_and_two_sources_are_config_errors():
     with pytest.raises(ValueError, match="choose one of: brave, google, searxng, serpapi, serper"):
-        RetrievalConfig(web="bing")
+        RetrievalConfig(web={"provider": "bing"})
     with pytest.raises(ValueError, match=r"retrieval.index and retrieval.web are set.*retrieval.index=null"):
         RetrievalConfig(index="toyworld", web={"provider": "brave"})
-    assert RetrievalConfig(web="brave").source == "web:brave"
+    assert RetrievalConfig(web={"provider": "brave"}).source == "web:brave"
 
 
 def test_the_cap_stops_requests_at_the_cap_and_the_cache_still_serves(web):

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from searchrl.config import StrictModel
 from searchrl.errors import SearchRLError
@@ -66,14 +66,8 @@ class RetrievalConfig(StrictModel):
     )
 
     web: WebConfig = Field(
-        default_factory=WebConfig, description="Online web search instead of an index or server (`--web PROVIDER`; "
-        "`retrieval.web: brave` is short for `retrieval.web.provider: brave`).",
+        default_factory=WebConfig, description="Online web search instead of an index or server (web.provider, `--web PROVIDER`).",
     )
-
-    @field_validator("web", mode="before")
-    @classmethod
-    def _provider_name(cls, v):
-        return {"provider": v} if isinstance(v, str) else v
 
     @model_validator(mode="after")
     def _one_source(self) -> RetrievalConfig:

@@ -61,7 +61,10 @@ class WebRetriever(Retriever):
         todo = list(dict.fromkeys(q for q in asked if q))  # a batch of samples repeats its queries
         hits = dict(zip(todo, self.pool.map(self._hits, todo)))
         jobs = [(q, rank, h) for q in todo for rank, h in enumerate(hits[q][:k])]
-        done = dict(zip([(q, rank) for q, rank, _ in jobs], self.pool.map(lambda job: self._passage(*job), jobs)))
+        urls = list(dict.fromkeys(h.url for _, _, h in jobs)) if self.cfg.pages else []  # each page read once
+        texts = dict(zip(urls, self.pool.map(self._page_text, urls)))
+        passages = self.pool.map(lambda job: self._passage(*job, texts.get(job[2].url)), jobs)
+        done = dict(zip([(q, rank) for q, rank, _ in jobs], passages))
         found = {q: [done[(q, rank)] for rank in range(len(hits[q][:k]))] for q in todo}
         return [found.get(q, []) for q in asked]
 
@@ -134,8 +137,8 @@ class WebRetriever(Retriever):
 
     # -------------------------------------------------------------------------------- pages
 
-    def _passage(self, query: str, rank: int, hit: Hit) -> Passage:
-        text = self._page_text(hit.url) if self.cfg.pages else None
+    def _passage(self, query: str, rank: int, hit: Hit, text: str | None) -> Passage:
+        """`hit` as a passage: its page's `text` condensed, or its snippet when the page is unread."""
         body = None
         if text is not None and self.condenser is not None:
             body = self._condensed(query, hit, text)
