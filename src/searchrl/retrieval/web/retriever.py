@@ -65,8 +65,7 @@ class WebRetriever(Retriever):
         texts = dict(zip(urls, self.pool.map(self._page_text, urls)))
         passages = self.pool.map(lambda job: self._passage(*job, texts.get(job[2].url)), jobs)
         done = dict(zip([(q, rank) for q, rank, _ in jobs], passages))
-        found = {q: [done[(q, rank)] for rank in range(len(hits[q][:k]))] for q in todo}
-        return [found.get(q, []) for q in asked]
+        return [[done[(q, rank)] for rank in range(len(hits[q][:k]))] if q else [] for q in asked]
 
     def usage(self) -> dict[str, float]:
         return self.budget.usage()
