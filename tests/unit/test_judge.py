@@ -182,7 +182,8 @@ def test_cli_judges_records_without_verdicts(fake: FakeOpenAI, tmp_path: Path) -
 def test_doctests_pass() -> None:
     import doctest
 
-    from searchrl import judge
+    from searchrl import judge, llm
 
     result = doctest.testmod(judge)
     assert result.attempted >= 3 and result.failed == 0
+    assert doctest.testmod(llm).failed == 0

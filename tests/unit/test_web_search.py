@@ -212,3 +212,12 @@ def test_k_passages_one_per_result_in_the_providers_order(web):
         found = r.search([Q, Q], 3)
     assert found[0] == found[1] and len(web.searches()) == 1  # a batch's repeats go out once
     assert [p.id.rsplit("/", 1)[1] for p in found[0]] == ["Quellbridge", "Orrin_Optics", "Gone"]
+
+
+def test_doctests_pass():
+    import doctest
+
+    from searchrl import sqlcache
+    from searchrl.retrieval.web import providers
+
+    assert all(doctest.testmod(m).failed == 0 for m in (providers, sqlcache))

@@ -102,7 +102,7 @@ def spent_so_far(out: Path) -> dict:
         if (out / name).is_file():
             saved = json.loads((out / name).read_text())
             return {k: saved[k] for k in SPENT_KEYS if saved.get(k) is not None}
-    return {}
+    return {"seconds": 0.0}
 
 
 def save_progress(out: Path, spent: dict) -> None:

@@ -57,6 +57,7 @@ from searchrl.tags import TagSet
 
 METHODS = ("agent", "rag", "direct")
 
+
 class EvalConfig(StrictModel):
     """One evaluation run. Every field is also a `--set key=value` (nested: `rollout.k=3`); the
     common ones are `searchrl eval run` flags."""

@@ -12,18 +12,6 @@ from searchrl.eval.spending import spending_rows
 if TYPE_CHECKING:
     from searchrl.eval.run import EvalConfig
 
-# Metrics in metrics.json that are fractions (shown in percent by the tables).
-PERCENT_KEYS = (
-    "em",
-    "f1",
-    "cover_em",
-    "cover_em_substring",
-    "acc_l",
-    "format_ok_rate",
-    "search_rate",
-    "retrieval_recall",
-)
-
 
 def retrieval_recall(recs: Sequence[dict]) -> float | None:
     """Mean over records with supporting ids of the share of them found among ALL passages the

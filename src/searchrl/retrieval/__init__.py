@@ -75,7 +75,7 @@ class RetrievalConfig(StrictModel):
         if len(given) > 1:
             raise ValueError(
                 f"{' and '.join('retrieval.' + g for g in given)} are set: give one of retrieval.index, retrieval.url, "
-                f"retrieval.web (--index, --retriever-url, --web), not both; drop a config file's with retrieval.{given[0]}=null"
+                f"retrieval.web (--index, --retriever-url, --web), not both; to replace a config file's, add retrieval.{given[0]}=null"
             )
         return self
 

@@ -59,6 +59,7 @@ class Provider(ABC):
     cost_usd: ClassVar[float]  # default price of one request (module docstring)
     requests_per_s: ClassVar[float]  # default pace, below the free/entry plans' limits
     results_key: ClassVar[str]  # where the result list sits in the answer
+    fields: ClassVar[tuple[str, str, str]] = ("link", "title", "snippet")  # a result's url, title, snippet
 
     def __init__(self, url: str | None = None) -> None:
         self.url = url or os.environ.get(self.url_env) or self.default_url
@@ -94,9 +95,10 @@ class Provider(ABC):
         hits = [self.hit(r) for r in found or [] if isinstance(r, dict)]
         return [h for h in hits if h.url]
 
-    @abstractmethod
     def hit(self, result: dict) -> Hit:
         """One result of the answer's list as a `Hit`."""
+        url, title, snippet = self.fields
+        return Hit(str(result.get(url) or ""), plain(result.get(title)), plain(result.get(snippet)))
 
     def refused_hint(self) -> str:
         return f"check the key(s) in {self.key_env}"
@@ -131,8 +133,6 @@ class Google(Provider):
     def call(self, query: str, key: str | None) -> HttpCall:
         return HttpCall("GET", self.url, params={"key": key, "cx": self.cx, "q": query, "num": NUM_RESULTS})
 
-    def hit(self, r: dict) -> Hit:
-        return Hit(r.get("link", ""), plain(r.get("title")), plain(r.get("snippet")))
 
 
 @PROVIDERS.register("brave")
@@ -141,13 +141,12 @@ class Brave(Provider):
 
     name, key_env, cost_usd, requests_per_s = "brave", "BRAVE_API_KEY", 0.005, 1.0
     default_url, results_key = "https://api.search.brave.com/res/v1/web/search", "web.results"
+    fields = ("url", "title", "description")
 
     def call(self, query: str, key: str | None) -> HttpCall:
         headers = {"X-Subscription-Token": key or "", "Accept": "application/json"}
         return HttpCall("GET", self.url, params={"q": query, "count": NUM_RESULTS}, headers=headers)
 
-    def hit(self, r: dict) -> Hit:
-        return Hit(r.get("url", ""), plain(r.get("title")), plain(r.get("description")))
 
 
 @PROVIDERS.register("serper")
@@ -160,8 +159,6 @@ class Serper(Provider):
     def call(self, query: str, key: str | None) -> HttpCall:
         return HttpCall("POST", self.url, headers={"X-API-KEY": key or ""}, json={"q": query, "num": NUM_RESULTS})
 
-    def hit(self, r: dict) -> Hit:
-        return Hit(r.get("link", ""), plain(r.get("title")), plain(r.get("snippet")))
 
 
 @PROVIDERS.register("serpapi")
@@ -182,8 +179,6 @@ class SerpApi(Provider):
             raise SearchRLError(f"serpapi at {self.url} answered: {data['error']}")
         return super().parse(data)
 
-    def hit(self, r: dict) -> Hit:
-        return Hit(r.get("link", ""), plain(r.get("title")), plain(r.get("snippet")))
 
 
 @PROVIDERS.register("searxng")
@@ -192,12 +187,11 @@ class SearXNG(Provider):
 
     name, key_env, cost_usd, requests_per_s = "searxng", None, 0.0, 2.0
     default_url, results_key = None, "results"
+    fields = ("url", "title", "content")
 
     def call(self, query: str, key: str | None) -> HttpCall:
         return HttpCall("GET", self.url.rstrip("/") + "/search", params={"q": query, "format": "json"})
 
-    def hit(self, r: dict) -> Hit:
-        return Hit(r.get("url", ""), plain(r.get("title")), plain(r.get("content")))
 
     def refused_hint(self) -> str:
         return "SearXNG refuses format=json unless its settings.yml lists json under search.formats"
