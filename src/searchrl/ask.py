@@ -147,7 +147,7 @@ class AskConfig(StrictModel):
     @classmethod
     def _searches(cls, v: RetrievalConfig) -> RetrievalConfig:
         if v.source is None:
-            raise ValueError("ask searches: give an index (e.g. --index toyworld) or a retriever URL (e.g. --retriever-url http://127.0.0.1:8000)")
+            raise ValueError("ask searches: give an index (e.g. --index toyworld), a retriever URL (e.g. --retriever-url http://127.0.0.1:8000) or --web PROVIDER")
         return v
 
 
@@ -187,7 +187,7 @@ def ask(
         )
         started = time.perf_counter()
         traj = engine.run([q])[0]
-        view.finish(traj, time.perf_counter() - started)
+        view.finish(traj, time.perf_counter() - started, retriever.usage())
         return traj
     finally:
         retriever.close()
@@ -243,7 +243,7 @@ class _LiveView:
                 found.append(f"  [{p.id}]\n", style="dim")
             self.console.print(found if passages else Text("  (no documents found)", style="dim"), end="")
 
-    def finish(self, traj: Trajectory, seconds: float) -> None:
+    def finish(self, traj: Trajectory, seconds: float, spent: dict | None = None) -> None:
         from rich.panel import Panel
         from rich.text import Text
 
@@ -254,4 +254,7 @@ class _LiveView:
             body, style = Text(f"no answer (stopped: {traj.stop_reason})", style="red"), "red"
         self.console.print(Panel(body, title="answer", border_style=style, expand=False))
         searches = f"{traj.n_searches} search" + ("" if traj.n_searches == 1 else "es")
-        self.console.print(f"{searches} · {sum(traj.loss_mask)} tokens generated · {seconds:.1f}s", style="dim", highlight=False)
+        web = ""
+        if spent is not None:  # web search: what this question cost
+            web = f" · web: {spent['requests']} requests, {spent['cache_hits']} from cache, ${spent['cost_usd']:.3f}"
+        self.console.print(f"{searches} · {sum(traj.loss_mask)} tokens generated · {seconds:.1f}s{web}", style="dim", highlight=False)

@@ -218,6 +218,11 @@ def index_search(
 
 
 # --- evaluation runs and ask ---
+WEB_HELP = ("retrieval.web.provider: search the web instead of an index: google, brave, serper, serpapi or searxng "
+            "(keys and endpoints from env: GOOGLE_API_KEY + GOOGLE_CSE_ID, BRAVE_API_KEY, SERPER_API_KEY, SERPAPI_API_KEY, SEARXNG_URL).")
+WEB_SITE_HELP = "retrieval.web.site: restrict web results to one site, e.g. en.wikipedia.org (as the paper does)."
+
+
 @eval_app.command("run")
 def eval_run(
     method: str | None = typer.Option(None, "--method", help="agent (searches while reasoning), rag (retrieve once with the question) or direct (no retrieval). Default agent."),
@@ -227,6 +232,10 @@ def eval_run(
     index: str | None = typer.Option(None, "--index", help="retrieval.index: catalog index (toyworld, localwiki, localwiki-dense) or index directory."),
     retriever_url: str | None = typer.Option(None, "--retriever-url", help="retrieval.url: retrieval server URL, instead of --index."),
     retriever_api: str | None = typer.Option(None, "--retriever-api", help="retrieval.api: native (default), r1searcher or search-r1."),
+    web: str | None = typer.Option(None, "--web", help=WEB_HELP),
+    web_site: str | None = typer.Option(None, "--web-site", help=WEB_SITE_HELP),
+    judge_url: str | None = typer.Option(None, "--judge-url", help="judge.url: OpenAI-compatible base URL (…/v1) of an LLM judge; adds ACC_L (key from $OPENAI_API_KEY)."),
+    judge_model: str | None = typer.Option(None, "--judge-model", help="judge.model: the judge model (default gpt-4o-mini, the paper's)."),
     limit: int | None = typer.Option(None, "--limit", min=1, help="Evaluate only the first N questions."),
     k: int | None = typer.Option(None, "-k", "--k", min=1, help="rollout.k: passages per search (default 5, the paper's evaluation k)."),
     tags: str | None = typer.Option(None, "--tags", help="protocol.tags: r1searcher (default) or search-r1 (what tiny models follow)."),
@@ -247,7 +256,8 @@ def eval_run(
     from searchrl.eval.run import eval_command
 
     flags = {"method": method, "model": model, "rollout.backend": backend, "dataset": dataset, "retrieval.index": index,
-             "retrieval.url": retriever_url, "retrieval.api": retriever_api, "limit": limit, "rollout.k": k,
+             "retrieval.url": retriever_url, "retrieval.api": retriever_api, "retrieval.web.provider": web,
+             "retrieval.web.site": web_site, "judge.url": judge_url, "judge.model": judge_model, "limit": limit, "rollout.k": k,
              "protocol.tags": tags, "protocol.template": template, "protocol.doc_style": doc_style,
              "rollout.max_searches": max_searches, "rollout.max_new_tokens": max_new_tokens,
              "answer_max_new_tokens": answer_max_new_tokens, "rollout.batch_size": batch_size,
@@ -274,6 +284,8 @@ def ask(
     index: str | None = typer.Option(None, "--index", help="retrieval.index: catalog index or index directory (default toyworld when no --retriever-url)."),
     retriever_url: str | None = typer.Option(None, "--retriever-url", help="retrieval.url: retrieval server URL, instead of --index."),
     retriever_api: str | None = typer.Option(None, "--retriever-api", help="retrieval.api: native (default), r1searcher or search-r1."),
+    web: str | None = typer.Option(None, "--web", help=WEB_HELP),
+    web_site: str | None = typer.Option(None, "--web-site", help=WEB_SITE_HELP),
     tags: str | None = typer.Option(None, "--tags", help="protocol.tags: r1searcher (default) or search-r1 (use it with fewshot for SmolLM2-135M)."),
     template: str | None = typer.Option(None, "--template", help="protocol.template: base (default), chat, fewshot, oneshot, fewshot-chat or a file."),
     k: int | None = typer.Option(None, "-k", "--k", min=1, help="rollout.k: passages per search (default 5)."),
@@ -288,7 +300,8 @@ def ask(
     from searchrl.ask import ask_command
 
     flags = {"model": model, "rollout.backend": backend, "retrieval.index": index, "retrieval.url": retriever_url,
-             "retrieval.api": retriever_api, "protocol.tags": tags, "protocol.template": template, "rollout.k": k,
+             "retrieval.api": retriever_api, "retrieval.web.provider": web, "retrieval.web.site": web_site,
+             "protocol.tags": tags, "protocol.template": template, "rollout.k": k,
              "rollout.max_searches": max_searches, "rollout.max_new_tokens": max_new_tokens,
              "rollout.greedy": False if sample else None, "rollout.seed": seed}
     ask_command(question, config, flags, as_json)

@@ -33,8 +33,13 @@ def parse_overrides(pairs: list[str]) -> dict:
         key, raw = pair.split("=", 1)
         node = tree
         *parents, leaf = key.strip().split(".")
-        for part in parents:
+        for i, part in enumerate(parents):
             node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise SearchRLError(
+                    f"override {pair!r} goes inside {'.'.join(parents[: i + 1])}, which another override set to {node!r}; "
+                    "set its keys one by one instead"
+                )
         node[leaf] = yaml.safe_load(raw) if raw != "" else ""
     return tree
 

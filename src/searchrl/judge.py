@@ -1,23 +1,27 @@
 """ACC_L: an LLM judge that says whether a predicted answer is correct, over an OpenAI-compatible API.
 
 The paper asks gpt-4o-mini; any server that speaks `POST {base_url}/chat/completions` works
-(OpenAI, vLLM, llama.cpp, a local fake in the tests). Verdicts are True/False; a reply that says
-neither becomes None, so a chatty judge lowers coverage instead of silently counting as wrong.
+(`searchrl.llm`). Verdicts are True/False; a reply that says neither (or is not a chat
+completion) becomes None and is counted as malformed, so a chatty judge lowers coverage instead
+of silently counting as wrong or stopping the run. Verdicts are cached on disk by (judge model,
+prompt, question, gold answers, prediction): scoring the same predictions again asks nothing.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import time
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
-from urllib.parse import urlparse
+from pathlib import Path
 
 import httpx
+from pydantic import Field
 
-from searchrl.errors import SearchRLError
+from searchrl.config import StrictModel
+from searchrl.llm import ChatClient, ChatError
+from searchrl.sqlcache import SqliteStore, digest
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_MODEL = "gpt-4o-mini"
@@ -31,6 +35,8 @@ SYSTEM_PROMPT = (
 USER_TEMPLATE = (
     "Question: {question}\nGold answer(s): {golds}\nPredicted answer: {prediction}\nCorrect?"
 )
+# Part of every cache key: editing the prompt must not serve verdicts given to the old one.
+_PROMPT_ID = digest(SYSTEM_PROMPT, USER_TEMPLATE)[:16]
 
 _VERDICT_WORD = re.compile(r"\b(true|false|yes|no|correct|incorrect)\b")
 _VERDICT_VALUE = {
@@ -41,12 +47,7 @@ _VERDICT_VALUE = {
     "no": False,
     "incorrect": False,
 }
-# Worth retrying: rate limits, overloaded or restarting servers, gateway hiccups.
-_RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
-
-
-class JudgeError(SearchRLError):
-    """The judge API could not be used; the message names the URL and what to check."""
+JudgeError = ChatError  # the judge API could not be used; the message names the URL and what to check
 
 
 @dataclass(frozen=True)
@@ -77,10 +78,52 @@ def build_messages(item: JudgeItem) -> list[dict[str, str]]:
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
 
-class Judge:
-    """A thread-pooled, retrying client for one judge model.
 
-    >>> Judge(base_url="http://127.0.0.1:9/v1").endpoint
+class JudgeConfig(StrictModel):
+    """The ACC_L judge of an evaluation run (`eval run --judge-url URL --judge-model NAME`)."""
+
+    url: str | None = Field(
+        None, description="OpenAI-compatible base URL (…/v1) of the judge; null = no judge (ACC_L n/a). "
+        "The paper's judge is gpt-4o-mini at https://api.openai.com/v1.",
+    )
+    model: str = Field(DEFAULT_MODEL, description="Judge model name (paper: gpt-4o-mini).")
+    api_key_env: str = Field(
+        "OPENAI_API_KEY", description="Environment variable holding the API key (keys are never written into configs).",
+    )
+    workers: int = Field(4, ge=1, description="Requests in flight at once: raise it for a fast local judge, lower it under a rate limit.")
+    max_retries: int = Field(4, ge=0, description="Retries of a request that failed on the way (refused, 429, 5xx).")
+    backoff_s: float = Field(1.0, ge=0, description="Wait before the first retry; doubled for each next one.")
+    timeout_s: float = Field(60.0, gt=0, description="Seconds one request may take.")
+    cache: str | None = Field(
+        None, description="SQLite file of cached verdicts, shared by runs and processes; null = $SEARCHRL_HOME/judge-cache.sqlite.",
+    )
+
+    def build(self, flag: str = "--judge-url") -> Judge:
+        """The judge this config describes; `flag` names the URL setting in errors."""
+        from searchrl.paths import cache_dir
+
+        return Judge(
+            self.url or DEFAULT_BASE_URL, self.model, self.api_key_env, flag=flag, workers=self.workers,
+            max_retries=self.max_retries, backoff_s=self.backoff_s, timeout_s=self.timeout_s,
+            cache=self.cache or cache_dir() / "judge-cache.sqlite",
+        )
+
+
+@dataclass
+class JudgeStats:
+    """What judging has cost so far: HTTP requests (retries included), verdicts served from the
+    cache, replies that held no verdict."""
+
+    requests: int = 0
+    cache_hits: int = 0
+    malformed: int = 0
+
+
+class Judge:
+    """A thread-pooled, retrying, caching client for one judge model; the API key is read from
+    the environment variable `api_key_env`. `cache`: a SQLite file, or None for no cache.
+
+    >>> Judge(base_url="http://127.0.0.1:9/v1").chat.endpoint
     'http://127.0.0.1:9/v1/chat/completions'
     """
 
@@ -88,89 +131,61 @@ class Judge:
         self,
         base_url: str = DEFAULT_BASE_URL,
         model: str = DEFAULT_MODEL,
-        api_key: str | None = None,
+        api_key_env: str = "OPENAI_API_KEY",
         *,
+        flag: str = "--judge-url",
         workers: int = 4,
         max_retries: int = 4,
         backoff_s: float = 1.0,
         timeout_s: float = 60.0,
         max_tokens: int = 16,
+        cache: str | Path | None = None,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.endpoint = f"{self.base_url}/chat/completions"
-        self.model = model
-        self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
-        if not self.api_key and urlparse(self.base_url).hostname == "api.openai.com":
-            raise JudgeError(
-                f"the judge at {self.base_url} needs an API key: set OPENAI_API_KEY, "
-                "or point --judge-url at a local OpenAI-compatible server"
-            )
-        self.workers = max(1, workers)
-        self.max_retries = max_retries
-        self.backoff_s = backoff_s
-        self.timeout_s = timeout_s
-        self.max_tokens = max_tokens
-
-    def _headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-
-    def _complete(self, client: httpx.Client, messages: list[dict[str, str]]) -> str:
-        body = {
-            "model": self.model,
-            "messages": messages,
-            "temperature": 0,
-            "max_tokens": self.max_tokens,
-        }
-        last = ""
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
-            try:
-                resp = client.post(self.endpoint, json=body, headers=self._headers())
-            except httpx.TransportError as exc:
-                last = f"{type(exc).__name__}: {exc}"
-                continue
-            if resp.status_code in _RETRY_STATUS:
-                last = f"HTTP {resp.status_code}: {resp.text[:200]}"
-                continue
-            if resp.status_code in (401, 403):
-                raise JudgeError(
-                    f"the judge at {self.endpoint} refused the request (HTTP {resp.status_code}); "
-                    "check OPENAI_API_KEY"
-                )
-            if resp.status_code == 404:
-                raise JudgeError(
-                    f"{self.endpoint} answered 404: the base URL should end where /chat/completions "
-                    f"begins (often .../v1), and the server must serve model {self.model!r}"
-                )
-            if resp.status_code >= 400:
-                raise JudgeError(
-                    f"the judge at {self.endpoint} answered HTTP {resp.status_code}: {resp.text[:300]}"
-                )
-            try:
-                return resp.json()["choices"][0]["message"]["content"] or ""
-            except (ValueError, KeyError, IndexError, TypeError):
-                raise JudgeError(
-                    f"the judge at {self.endpoint} sent a reply that is not a chat completion: {resp.text[:300]}"
-                ) from None
-        raise JudgeError(
-            f"the judge at {self.endpoint} did not answer after {self.max_retries + 1} tries "
-            f"(last: {last}); is the server up and reachable?"
+        self.chat = ChatClient(
+            base_url, model, api_key_env, role="the judge", flag=flag,
+            max_retries=max_retries, backoff_s=backoff_s, timeout_s=timeout_s,
         )
+        self.model = model
+        self.workers = max(1, workers)
+        self.max_tokens = max_tokens
+        self.cache = SqliteStore(cache) if cache is not None else None
+        self._stats = JudgeStats()
+        self._lock = threading.Lock()
+
+    @property
+    def stats(self) -> JudgeStats:
+        with self._lock:
+            return JudgeStats(self.chat.requests, self._stats.cache_hits, self._stats.malformed)
+
+    def _count(self, field: str) -> None:
+        with self._lock:
+            setattr(self._stats, field, getattr(self._stats, field) + 1)
 
     def judge_one(self, item: JudgeItem, client: httpx.Client | None = None) -> bool | None:
         # An empty prediction is wrong whatever the judge would say; no call is spent on it.
         if item.prediction is None or not item.prediction.strip():
             return False
+        key = digest(self.model, _PROMPT_ID, item.question, item.golds, item.prediction)
+        cached = self.cache.get("verdict", key) if self.cache is not None else None
+        if cached is not None:
+            self._count("cache_hits")
+            return cached == "true"
         if client is None:
-            with httpx.Client(timeout=self.timeout_s) as own:
-                return parse_verdict(self._complete(own, build_messages(item)))
-        return parse_verdict(self._complete(client, build_messages(item)))
+            with httpx.Client(timeout=self.chat.timeout_s) as own:
+                reply = self.chat.complete(own, build_messages(item), self.max_tokens)
+        else:
+            reply = self.chat.complete(client, build_messages(item), self.max_tokens)
+        verdict = None if reply is None else parse_verdict(reply)
+        if verdict is None:  # not cached: a later run asks again
+            self._count("malformed")
+        elif self.cache is not None:
+            self.cache.put("verdict", key, "true" if verdict else "false")
+        return verdict
 
     def judge_many(self, items: Sequence[JudgeItem], progress: bool = False) -> list[bool | None]:
         """Verdicts in the order of `items`; the first hard error stops the batch and is raised."""
         verdicts: list[bool | None] = [None] * len(items)
-        with httpx.Client(timeout=self.timeout_s) as client:
+        with httpx.Client(timeout=self.chat.timeout_s) as client:
             pool = ThreadPoolExecutor(max_workers=self.workers)
             try:
                 futures = {pool.submit(self.judge_one, it, client): i for i, it in enumerate(items)}
@@ -184,3 +199,7 @@ class Judge:
             finally:
                 pool.shutdown(wait=True, cancel_futures=True)
         return verdicts
+
+    def close(self) -> None:
+        if self.cache is not None:
+            self.cache.close()

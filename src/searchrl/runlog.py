@@ -21,6 +21,7 @@ _SUMMARY = (
     ("answer_f1", "f1", "{:.3f}"),
     ("response_tokens", "tokens", "{:.0f}"),
     ("kl", "kl", "{:.4f}"),
+    ("web_requests", "web requests", "{:.0f}"),
     ("step_seconds", "s", "{:.1f}"),
 )
 

@@ -113,3 +113,20 @@ def test_retrieval_none_both_and_what_each_command_asks_for():
     # A server URL alone is enough: the command's default index is not merged into it.
     assert load_config(TrainConfig, None, ["retrieval.url=http://127.0.0.1:9"]).retrieval.index is None
     assert TrainConfig().retrieval.source == "toyworld"
+
+
+def test_web_and_judge_flags_equal_their_nested_set(tmp_path, captured):
+    flags = [("--web", "brave", "retrieval.web.provider"), ("--web-site", "en.wikipedia.org", "retrieval.web.site"),
+             ("--judge-url", "http://127.0.0.1:9/v1", "judge.url"), ("--judge-model", "m", "judge.model")]
+    _invoke(["eval", "run", "--json", "--out", "o", *[a for flag, value, _ in flags for a in (flag, value)]])
+    _invoke(["eval", "run", "--json", "--out", "o", *[a for _, value, key in flags for a in ("--set", f"{key}={value}")]])
+    path = tmp_path / "eval.yaml"
+    path.write_text(yaml.safe_dump({"out": "o", "retrieval": {"web": {"provider": "brave"}}, "judge": {"url": "http://127.0.0.1:9/v1", "model": "m"}}))
+    _invoke(["eval", "run", "--json", "--config", str(path), "--web-site", "en.wikipedia.org"])
+    _invoke(["ask", "Q?", "--web", "searxng"])
+    by_flags, by_set, by_file, asked = captured
+    assert by_flags == by_set == by_file
+    assert (by_flags.retrieval.source, by_flags.retrieval.web.site, by_flags.judge.model) == ("web:brave", "en.wikipedia.org", "m")
+    assert (asked.retrieval.source, asked.retrieval.index) == ("web:searxng", None)  # the toy world index is not added
+    with pytest.raises(SearchRLError, match=r"goes inside retrieval.web, which another override set to 'brave'"):
+        load_config(TrainConfig, None, ["retrieval.web=brave", "retrieval.web.site=x"])  # once an AttributeError

@@ -54,7 +54,7 @@ def test_demo_without_training_serves_evaluates_and_reports(tmp_path):
         assert saved["protocol"] == train.protocol.model_dump()
         assert saved["rollout"] == {**train.rollout.model_dump(), "greedy": True, "max_new_tokens": 16, "batch_size": 16}
         assert saved["retrieval"] == {"index": None, "url": metrics["retriever"], "api": train.retrieval.api,
-                                      "retry": train.retrieval.retry.model_dump()}
+                                      "retry": train.retrieval.retry.model_dump(), "web": train.retrieval.web.model_dump()}
     report = (out / "report.md").read_text()
     assert "Before and after training" in report and "untrained" in report
 

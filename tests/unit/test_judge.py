@@ -5,79 +5,20 @@ from __future__ import annotations
 import json
 import re
 import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from loopback import FakeOpenAI
 from typer.testing import CliRunner
 
 from searchrl.cli import app
 from searchrl.judge import Judge, JudgeError, JudgeItem, parse_verdict
 
 
-class FakeOpenAI:
-    """A chat-completions server whose 'model' says True when a gold answer occurs in the prediction.
-
-    `fail_first` requests get HTTP 503 (to exercise retries); `status` forces every reply's code;
-    `reply` overrides the verdict text; `raw` overrides the whole body.
-    """
-
-    def __init__(self) -> None:
-        self.requests: list[dict] = []
-        self.headers: list[dict] = []
-        self.fail_first = 0
-        self.status = 200
-        self.reply: str | None = None
-        self.raw: str | None = None
-        self.lock = threading.Lock()
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with fake.lock:
-                    fake.requests.append({"path": self.path, **body})
-                    fake.headers.append(dict(self.headers))
-                    failing = len(fake.requests) <= fake.fail_first
-                if failing:
-                    return self._send(503, '{"error": "overloaded"}')
-                if fake.status != 200:
-                    return self._send(fake.status, '{"error": "nope"}')
-                if fake.raw is not None:
-                    return self._send(200, fake.raw)
-                user = body["messages"][-1]["content"]
-                golds = re.search(r"Gold answer\(s\): (.*)", user).group(1).split(" | ")
-                pred = re.search(r"Predicted answer: (.*)", user).group(1)
-                verdict = fake.reply or str(any(g.lower() in pred.lower() for g in golds))
-                msg = {
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": verdict}}]
-                }
-                self._send(200, json.dumps(msg))
-
-            def _send(self, code: int, text: str) -> None:
-                data = text.encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
-def fake():
+def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    monkeypatch.setenv("OPENAI_API_KEY", "k")
+    monkeypatch.setenv("SEARCHRL_HOME", str(tmp_path / "home"))  # the CLI's verdict cache
     server = FakeOpenAI()
     yield server
     server.close()
@@ -92,24 +33,25 @@ ITEMS = [
 ]
 
 
-def test_verdicts_in_order_and_request_format(fake: FakeOpenAI) -> None:
-    judge = Judge(fake.url, model="judge-mini", api_key="sk-test", workers=3)
+def test_verdicts_in_order_and_request_format(fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JUDGE_KEY", "sk-test")
+    judge = Judge(fake.url, model="judge-mini", api_key_env="JUDGE_KEY", workers=3)
     assert judge.judge_many(ITEMS) == [True, False, True, False, False]
     # The empty prediction is graded False without a call.
     assert len(fake.requests) == 4
-    first = next(r for r in fake.requests if "France" in r["messages"][-1]["content"])
-    assert first["path"] == "/v1/chat/completions"
-    assert first["model"] == "judge-mini" and first["temperature"] == 0
-    assert [m["role"] for m in first["messages"]] == ["system", "user"]
-    assert "True or False" in first["messages"][0]["content"]
-    assert all(h.get("Authorization") == "Bearer sk-test" for h in fake.headers)
+    first = next(r for r in fake.requests if "France" in r.body["messages"][-1]["content"])
+    assert first.path == "/v1/chat/completions"
+    assert first.body["model"] == "judge-mini" and first.body["temperature"] == 0
+    assert [m["role"] for m in first.body["messages"]] == ["system", "user"]
+    assert "True or False" in first.body["messages"][0]["content"]
+    assert all(r.headers.get("authorization") == "Bearer sk-test" for r in fake.requests)
 
 
 def test_api_key_comes_from_env(fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
     Judge(fake.url).judge_one(ITEMS[0])
-    assert fake.headers[-1]["Authorization"] == "Bearer sk-env"
-    assert fake.requests[-1]["model"] == "gpt-4o-mini"
+    assert fake.requests[-1].headers["authorization"] == "Bearer sk-env"
+    assert fake.requests[-1].body["model"] == "gpt-4o-mini"
 
 
 def test_openai_without_key_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -120,14 +62,14 @@ def test_openai_without_key_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_retries_with_backoff_then_succeeds(fake: FakeOpenAI) -> None:
     fake.fail_first = 2
-    judge = Judge(fake.url, api_key="k", max_retries=3, backoff_s=0.01)
+    judge = Judge(fake.url, max_retries=3, backoff_s=0.01)
     assert judge.judge_one(ITEMS[0]) is True
     assert len(fake.requests) == 3
 
 
 def test_gives_up_after_retries(fake: FakeOpenAI) -> None:
     fake.fail_first = 100
-    judge = Judge(fake.url, api_key="k", max_retries=2, backoff_s=0.01)
+    judge = Judge(fake.url, max_retries=2, backoff_s=0.01)
     with pytest.raises(JudgeError, match=r"did not answer after 3 tries .*HTTP 503"):
         judge.judge_one(ITEMS[0])
     assert len(fake.requests) == 3
@@ -138,7 +80,7 @@ def test_unreachable_server() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     judge = Judge(
-        f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=1, backoff_s=0.01, timeout_s=2
+        f"http://127.0.0.1:{port}/v1", max_retries=1, backoff_s=0.01, timeout_s=2
     )
     with pytest.raises(JudgeError, match=f"127.0.0.1:{port}.*is the server up"):
         judge.judge_one(ITEMS[0])
@@ -150,21 +92,45 @@ def test_unreachable_server() -> None:
 def test_hard_http_errors_are_not_retried(fake: FakeOpenAI, status: int, message: str) -> None:
     fake.status = status
     with pytest.raises(JudgeError, match=re.escape(message)):
-        Judge(fake.url, api_key="k", backoff_s=0.01).judge_many(ITEMS[:2])
+        Judge(fake.url, backoff_s=0.01).judge_many(ITEMS[:2])
     assert len(fake.requests) <= 2  # one per item at most, no retries
 
 
-def test_non_chat_reply_is_an_error(fake: FakeOpenAI) -> None:
-    fake.raw = '{"unexpected": true}'
-    with pytest.raises(JudgeError, match="not a chat completion"):
-        Judge(fake.url, api_key="k").judge_one(ITEMS[0])
+@pytest.mark.parametrize("raw", ['{"unexpected": true}', "not json", '{"choices": []}'])
+def test_malformed_replies_are_counted_not_raised(fake: FakeOpenAI, raw: str) -> None:
+    fake.raw = raw
+    judge = Judge(fake.url)
+    assert judge.judge_many(ITEMS[:2]) == [None, None]
+    assert (judge.stats.requests, judge.stats.malformed) == (2, 2)
 
 
 def test_unparseable_verdict_is_none(fake: FakeOpenAI) -> None:
     fake.reply = "I am not sure."
-    assert Judge(fake.url, api_key="k").judge_one(ITEMS[0]) is None
+    judge = Judge(fake.url)
+    assert judge.judge_one(ITEMS[0]) is None and judge.stats.malformed == 1
     fake.reply = "**False** - the answer is Milan."
-    assert Judge(fake.url, api_key="k").judge_one(ITEMS[0]) is False
+    assert Judge(fake.url).judge_one(ITEMS[0]) is False
+
+
+def test_cached_verdicts_cost_no_request(fake: FakeOpenAI, tmp_path: Path) -> None:
+    cache = tmp_path / "verdicts.sqlite"
+    first = Judge(fake.url, cache=cache)
+    assert first.judge_many(ITEMS) == [True, False, True, False, False]
+    assert (first.stats.requests, first.stats.cache_hits) == (4, 0)
+    again = Judge(fake.url, cache=cache)  # another process would see the same file
+    assert again.judge_many(ITEMS) == [True, False, True, False, False]
+    assert (again.stats.requests, again.stats.cache_hits, len(fake.requests)) == (0, 4, 4)
+    other_model = Judge(fake.url, model="other", cache=cache)  # the key holds the judge model
+    other_model.judge_one(ITEMS[0])
+    assert other_model.stats.requests == 1
+
+
+def test_malformed_verdicts_are_not_cached(fake: FakeOpenAI, tmp_path: Path) -> None:
+    fake.reply = "Maybe."
+    Judge(fake.url, cache=tmp_path / "c.sqlite").judge_one(ITEMS[0])
+    fake.reply = None
+    assert Judge(fake.url, cache=tmp_path / "c.sqlite").judge_one(ITEMS[0]) is True
+    assert len(fake.requests) == 2
 
 
 @pytest.mark.parametrize(
@@ -216,7 +182,8 @@ def test_cli_judges_records_without_verdicts(fake: FakeOpenAI, tmp_path: Path) -
 def test_doctests_pass() -> None:
     import doctest
 
-    from searchrl import judge
+    from searchrl import judge, llm
 
     result = doctest.testmod(judge)
     assert result.attempted >= 3 and result.failed == 0
+    assert doctest.testmod(llm).failed == 0

@@ -133,6 +133,9 @@ def _step(actor: Actor, trajs: list[Trajectory], questions: list[Question]):
         def wake(self):
             pass
 
+        def spent(self):
+            return {}
+
     at = step.StepIndex(stage=2, step=1, stage_step=0, seed=1)
     return step.train_step(actor, FixedWorker(), cfg.stage2, questions, at)
 

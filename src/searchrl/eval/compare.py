@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from searchrl.errors import DataError, SearchRLError
-from searchrl.eval.run import fmt_number, fmt_percent
+from searchrl.eval.summary import fmt_number, fmt_percent
 
 # (metrics.json key, column header, kind): kind "pct" = fraction shown in %, else digits.
 COLUMNS: tuple[tuple[str, str, str | int], ...] = (
@@ -20,6 +20,7 @@ COLUMNS: tuple[tuple[str, str, str | int], ...] = (
     ("f1", "F1 %", "pct"),
     ("cover_em", "CEM %", "pct"),
     ("cover_em_substring", "CEM-sub %", "pct"),
+    ("acc_l", "ACC_L %", "pct"),
     ("format_ok_rate", "format %", "pct"),
     ("search_rate", "searched %", "pct"),
     ("mean_searches", "searches/q", 2),

@@ -2,9 +2,10 @@
 `searchrl eval run --resume DIR` reads back.
 
 `predictions.jsonl` grows in question order, one batch at a time, each batch on disk (flushed and
-synced) before the next starts. `progress.json` carries the generation seconds spent so far; it
-is removed once metrics.json is written, so its presence marks an unfinished run. A process
-killed mid-write leaves a torn last line: resuming drops it, and its batch is run again.
+synced) before the next starts. `progress.json` carries the generation seconds and the judge and
+web search counters spent so far; it is removed once metrics.json is written, so its presence
+marks an unfinished run. A process killed mid-write leaves a torn last line: resuming drops it,
+and its batch is run again.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from searchrl.config import C, flag_overrides, load_config
 from searchrl.data.types import Question
 from searchrl.errors import DataError, SearchRLError
+from searchrl.eval.spending import SPENT_KEYS
 
 PREDICTIONS = "predictions.jsonl"
 PROGRESS = "progress.json"
@@ -92,18 +94,20 @@ def append_records(out: Path, records: Sequence[dict]) -> None:
         os.fsync(fh.fileno())
 
 
-def seconds_so_far(out: Path) -> float:
-    """Generation seconds of the earlier runs in `out`: from progress.json while unfinished, from
-    metrics.json once finished (a finished run resumed has nothing left to add)."""
+def spent_so_far(out: Path) -> dict:
+    """What the earlier runs in `out` spent (generation seconds, judge and web search counters;
+    `spending.SPENT_KEYS`): from progress.json while unfinished, from metrics.json once finished
+    (a finished run resumed has nothing left to add)."""
     for name in (PROGRESS, "metrics.json"):
         if (out / name).is_file():
-            return float(json.loads((out / name).read_text())["seconds"])
-    return 0.0
+            saved = json.loads((out / name).read_text())
+            return {k: saved[k] for k in SPENT_KEYS if saved.get(k) is not None}
+    return {"seconds": 0.0}
 
 
-def save_progress(out: Path, seconds: float) -> None:
+def save_progress(out: Path, spent: dict) -> None:
     tmp = out / (PROGRESS + ".tmp")
-    tmp.write_text(json.dumps({"seconds": seconds}) + "\n")
+    tmp.write_text(json.dumps(spent) + "\n")
     os.replace(tmp, out / PROGRESS)
 
 
@@ -112,14 +116,16 @@ def finish(out: Path) -> None:
     (out / PROGRESS).unlink(missing_ok=True)
 
 
+# Where the run lives, how long services are waited for and what web search may spend change no
+# prediction (a run stopped by its budget is resumed with a higher cap).
+_FREE_TO_CHANGE = ("out", "retrieval.retry.", "retrieval.web.retry.", "retrieval.web.budget.", "retrieval.web.workers",
+                   "judge.workers", "judge.max_retries", "judge.backoff_s", "judge.timeout_s")
+
+
 def check_same_config(run_dir: Path, saved: dict, wanted: dict) -> None:
     """Refuse to resume with settings that would give other predictions than the run began with."""
     old, new = _flat(saved), _flat(wanted)
-    # Neither where the run lives nor how long retrieval is retried changes a prediction.
-    changed = [
-        k for k in sorted(old.keys() | new.keys())
-        if old.get(k) != new.get(k) and k != "out" and not k.startswith("retrieval.retry.")
-    ]
+    changed = [k for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k) and not k.startswith(_FREE_TO_CHANGE)]
     if changed:
         shown = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed[:4])
         raise SearchRLError(

@@ -20,6 +20,10 @@ The format check of the rewards is reported for every method. Rag/direct respons
 block, so they are checked as if an empty one had been closed right before the answer: every other
 rule (one closed non-empty answer, nothing garbled, no protocol tags) applies unchanged.
 
+With a judge (`judge.url`, `--judge-url`) every prediction gets an ACC_L verdict (`judge` in its
+record) as its batch finishes; `metrics.json` then holds `acc_l` and what the judge and web search
+cost (`searchrl.eval.spending`).
+
 Output folder: `predictions.jsonl`, `metrics.json`, `metrics.md`, `config.yaml`. Predictions are
 written batch by batch as they finish, so `--resume` continues a run that was stopped
 (`searchrl.eval.resume`); batches are fixed slices of the question list, so a resumed run
@@ -30,7 +34,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
@@ -43,6 +46,9 @@ from searchrl.data.types import Passage, Question
 from searchrl.errors import SearchRLError
 from searchrl.eval import resume as saved
 from searchrl.eval.answer_prompts import answer_prompt
+from searchrl.eval.spending import Spending, judge_records
+from searchrl.eval.summary import metrics_markdown, summarize
+from searchrl.judge import JudgeConfig
 from searchrl.protocol import Protocol, ProtocolConfig
 from searchrl.retrieval import RetrievalConfig
 from searchrl.retrieval.base import Retriever
@@ -50,17 +56,6 @@ from searchrl.rollout.config import EVAL_ROLLOUT, EvalRollout, RolloutConfig
 from searchrl.tags import TagSet
 
 METHODS = ("agent", "rag", "direct")
-
-# Metrics in metrics.json that are fractions (shown in percent by the tables).
-PERCENT_KEYS = (
-    "em",
-    "f1",
-    "cover_em",
-    "cover_em_substring",
-    "format_ok_rate",
-    "search_rate",
-    "retrieval_recall",
-)
 
 
 class EvalConfig(StrictModel):
@@ -88,7 +83,11 @@ class EvalConfig(StrictModel):
         "batch size; greedy. Rag/direct serve no search and answer within answer_max_new_tokens.",
     )
     retrieval: RetrievalConfig = Field(
-        default_factory=RetrievalConfig, description="Index or retrieval server; agent and rag need one, direct none."
+        default_factory=RetrievalConfig, description="Index, retrieval server or web search; agent and rag need one, direct none."
+    )
+    judge: JudgeConfig = Field(
+        default_factory=JudgeConfig, description="ACC_L: the LLM judge asked about every prediction (judge.url null = none); "
+        "verdicts are cached on disk, so scoring the same predictions again costs nothing.",
     )
     answer_max_new_tokens: int = Field(
         64, ge=1, description="Rag/direct: tokens for the answer. It is a few words; small models run on past "
@@ -110,7 +109,7 @@ class EvalConfig(StrictModel):
         if self.method != "direct" and self.retrieval.source is None:
             raise ValueError(
                 f"method {self.method!r} retrieves: give an index (e.g. --index toyworld) or a "
-                "retriever URL (e.g. --retriever-url http://127.0.0.1:8000)"
+                "retriever URL (e.g. --retriever-url http://127.0.0.1:8000) or a web search provider (--web searxng)"
             )
         if self.rollout.samples_per_question != 1:
             raise ValueError("rollout.samples_per_question must be 1: evaluation scores one prediction per question")
@@ -223,88 +222,6 @@ def records(cfg: EvalConfig, questions: Sequence[Question], trajs: Sequence[Traj
     return out
 
 
-def retrieval_recall(recs: Sequence[dict]) -> float | None:
-    """Mean over records with supporting ids of the share of them found among ALL passages the
-    trajectory retrieved (every search together); None when no record has supporting ids or the
-    method retrieves nothing."""
-    shares = []
-    for r in recs:
-        gold = set(r["supporting_ids"])
-        if gold and r["method"] != "direct":
-            seen = {pid for ids in r["retrieved_ids"] for pid in ids}
-            shares.append(len(gold & seen) / len(gold))
-    return sum(shares) / len(shares) if shares else None
-
-
-def summarize(cfg: EvalConfig, recs: Sequence[dict], seconds: float) -> dict:
-    """metrics.json: answer scores (via `score_records`, so they equal `searchrl eval score`),
-    search and format rates, policy tokens per question, retrieval recall, provenance, and
-    `seconds`: wall time of retrieval + generation (loading the model, data and index excluded),
-    summed over the runs of a resumed evaluation."""
-    from searchrl.eval.score import score_records
-
-    scores = score_records(recs)
-    n = len(recs)
-    mean = (lambda xs: sum(xs) / n) if n else (lambda xs: None)
-    return {
-        "n": n,
-        "em": scores["em"],
-        "f1": scores["f1"],
-        "cover_em": scores["cover_em"],
-        "cover_em_substring": scores["cover_em_substring"],
-        "mean_searches": mean([r["n_searches"] for r in recs]),
-        "search_rate": mean([r["n_searches"] >= 1 for r in recs]),
-        "mean_generated_tokens": mean([r["n_policy_tokens"] for r in recs]),
-        "format_ok_rate": mean([r["format_ok"] for r in recs]),
-        "retrieval_recall": retrieval_recall(recs),
-        "answered_rate": mean([r["prediction"] is not None for r in recs]),
-        "stop_reasons": dict(Counter(r["stop_reason"] for r in recs)),
-        "seconds": round(seconds, 2),
-        "model": cfg.model,
-        "method": cfg.method,
-        "dataset": cfg.dataset,
-        "retriever": None if cfg.method == "direct" else cfg.retrieval.source,
-        "k": cfg.rollout.k,
-        "tags": cfg.protocol.tags,
-        "template": cfg.protocol.template,
-    }
-
-
-def metrics_markdown(metrics: dict) -> str:
-    """metrics.md: one run's metrics as a two-column Markdown table."""
-    rows = [
-        ("model", metrics["model"]),
-        ("method", metrics["method"]),
-        ("dataset", f"{metrics['dataset']} (n={metrics['n']})"),
-        ("retriever", f"{metrics['retriever']} (k={metrics['k']})" if metrics["retriever"] else "-"),
-        ("protocol", f"{metrics['tags']} / {metrics['template']}"),
-    ]
-    labels = {
-        "em": "EM %",
-        "f1": "F1 %",
-        "cover_em": "Cover-EM % (token cover, authors' code)",
-        "cover_em_substring": "Cover-EM % (substring, FlashRAG acc)",
-        "format_ok_rate": "format OK %",
-        "search_rate": "questions with >= 1 search %",
-        "retrieval_recall": "supporting passages retrieved %",
-    }
-    for key, label in labels.items():
-        rows.append((label, fmt_percent(metrics[key])))
-    rows.append(("searches / question", fmt_number(metrics["mean_searches"], 2)))
-    rows.append(("generated tokens / question", fmt_number(metrics["mean_generated_tokens"], 1)))
-    rows.append(("seconds", fmt_number(metrics["seconds"], 1)))
-    lines = ["| metric | value |", "|---|---:|"] + [f"| {a} | {b} |" for a, b in rows]
-    return "\n".join(lines) + "\n"
-
-
-def fmt_percent(value) -> str:
-    return "n/a" if value is None else f"{100 * value:.1f}"
-
-
-def fmt_number(value, digits: int) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}"
-
-
 def run_eval(cfg: EvalConfig, progress: bool = True, backend=None, resume: bool = False) -> dict:
     """Run `cfg` into `cfg.out`: predictions appended batch by batch, then metrics.json/.md;
     return the metrics. `resume`: keep the predictions an interrupted run of the same config left
@@ -322,30 +239,34 @@ def run_eval(cfg: EvalConfig, progress: bool = True, backend=None, resume: bool 
         raise SearchRLError(f"dataset {cfg.dataset!r} holds no questions")
     out.mkdir(parents=True, exist_ok=True)
     if resume:
-        recs, seconds = saved.finished_records(out, questions), saved.seconds_so_far(out)
+        recs, spent = saved.finished_records(out, questions), saved.spent_so_far(out)
     else:
         saved.start_fresh(out)
-        recs, seconds = [], 0.0
+        recs, spent = [], {"seconds": 0.0}
     dump_config(cfg, out / "config.yaml")
     if len(recs) < len(questions):
-        seconds = _answer_the_rest(cfg, questions, recs, seconds, backend, progress)
-    metrics = summarize(cfg, recs, seconds)
+        spent = _answer_the_rest(cfg, questions, recs, spent, backend, progress, fresh=not resume)
+    metrics = summarize(cfg, recs, spent)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     (out / "metrics.md").write_text(metrics_markdown(metrics))
     saved.finish(out)
     return metrics
 
 
-def _answer_the_rest(cfg: EvalConfig, questions: Sequence[Question], recs: list[dict], seconds: float, backend, progress: bool) -> float:
-    """Generate the questions after `recs` batch by batch, appending each batch's records to
-    `recs` and to predictions.jsonl; return the generation seconds of all runs so far."""
+def _answer_the_rest(cfg: EvalConfig, questions: Sequence[Question], recs: list[dict], spent: dict, backend, progress: bool,
+                     fresh: bool) -> dict:
+    """Generate (and judge) the questions after `recs` batch by batch, appending each batch's
+    records to `recs` and to predictions.jsonl; return what all runs so far spent. `fresh`: a new
+    run, whose web search budget starts from zero."""
     out, size = Path(cfg.out), cfg.rollout.batch_size
-    # The server is asked before the model loads: a missing one fails in a second, not minutes.
-    retriever = cfg.retrieval.open() if cfg.method != "direct" else None
-    bar = None
+    # The server and the judge are set up before the model loads: a mistake fails in a second, not minutes.
+    retriever = cfg.retrieval.open(run=str(out.resolve()), new_run=fresh) if cfg.method != "direct" else None
+    judge = bar = None
     try:
         if retriever is not None:
             retriever.check()
+        judge = cfg.judge.build() if cfg.judge.url is not None else None
+        tally = Spending(spent, judge, retriever)
         if backend is None:
             from searchrl.rollout.backend import make_backend
 
@@ -359,19 +280,21 @@ def _answer_the_rest(cfg: EvalConfig, questions: Sequence[Question], recs: list[
             batch = questions[start : start + size]
             started = time.perf_counter()
             trajs = generate(cfg, batch, backend, retriever)
-            seconds += time.perf_counter() - started
+            tally.seconds += time.perf_counter() - started
             new = records(cfg, batch, trajs)[len(recs) - start :]
+            if judge is not None:
+                judge_records(judge, new)
             saved.append_records(out, new)
-            saved.save_progress(out, seconds)
+            spent = tally.totals()
+            saved.save_progress(out, spent)
             recs.extend(new)
             if bar is not None:
                 bar.update(len(new))
     finally:
-        if bar is not None:
-            bar.close()
-        if retriever is not None:
-            retriever.close()
-    return seconds
+        for service in (bar, judge, retriever):
+            if service is not None:
+                service.close()
+    return spent
 
 
 def eval_command(config: str | None, overrides: Sequence[str], flags: dict, as_json: bool = False, resume: str | None = None) -> dict:

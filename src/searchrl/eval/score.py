@@ -231,18 +231,24 @@ def score_command(
     from rich.table import Table
 
     records = read_predictions(path)
+    err = Console(stderr=True)
     if judge_url is not None:
-        from searchrl.judge import DEFAULT_MODEL, Judge
+        from searchrl.judge import DEFAULT_MODEL, JudgeConfig
 
-        judge = Judge(base_url=judge_url, model=judge_model or DEFAULT_MODEL)
-        records = judge_missing(records, judge, progress=sys.stderr.isatty())
+        judge = JudgeConfig(url=judge_url, model=judge_model or DEFAULT_MODEL).build()
+        try:
+            records = judge_missing(records, judge, progress=sys.stderr.isatty())
+        finally:
+            judge.close()
+        stats = judge.stats
+        err.print(f"judge: {stats.requests} requests, {stats.cache_hits} verdicts from the cache, "
+                  f"{stats.malformed} replies without a verdict", highlight=False)
     if judged_out is not None:
         judged_out.parent.mkdir(parents=True, exist_ok=True)
         with judged_out.open("w", encoding="utf-8") as fh:
             for r in records:
                 fh.write(json.dumps(r.to_dict(), ensure_ascii=False) + "\n")
     scores = score_records(records)
-    err = Console(stderr=True)
     n_judged = sum(r.judge is not None for r in records)
     if 0 < n_judged < len(records):
         err.print(

@@ -1,7 +1,9 @@
-"""Retrieval: corpus reading and chunking, BM25 and dense indexes, the HTTP server and client.
+"""Retrieval: corpus reading and chunking, BM25 and dense indexes, the HTTP server and client,
+online web search.
 
 `open_retriever(source)` is the one way from what a user writes (a catalog index name, an index
-directory, a server URL) to a `Retriever`; `RetrievalConfig` is how every command configures it.
+directory, a server URL) to a `Retriever`; `RetrievalConfig` is how every command configures it,
+web search included (`retrieval.web`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from searchrl.config import StrictModel
 from searchrl.errors import SearchRLError
 from searchrl.retrieval.base import Retriever
 from searchrl.retrieval.http import HttpRetriever, RetryConfig
+from searchrl.retrieval.web.config import WebConfig
 
 
 def open_retriever(source: str, api: str = "native", retry: RetryConfig | None = None) -> Retriever:
@@ -62,18 +65,34 @@ class RetrievalConfig(StrictModel):
         "before the run stops; the default waits about a minute, enough for a server restart.",
     )
 
+    web: WebConfig = Field(
+        default_factory=WebConfig, description="Online web search instead of an index or server (web.provider, `--web PROVIDER`).",
+    )
+
     @model_validator(mode="after")
     def _one_source(self) -> RetrievalConfig:
-        if self.index is not None and self.url is not None:
-            raise ValueError("give either retrieval.index or retrieval.url (--index or --retriever-url), not both")
+        given = [k for k, v in (("index", self.index), ("url", self.url), ("web", self.web.provider)) if v is not None]
+        if len(given) > 1:
+            raise ValueError(
+                f"{' and '.join('retrieval.' + g for g in given)} are set: give one of retrieval.index, retrieval.url, "
+                f"retrieval.web (--index, --retriever-url, --web), not both; to replace a config file's, add retrieval.{given[0]}=null"
+            )
         return self
 
     @property
     def source(self) -> str | None:
-        """The index or URL searches go to; None when neither is set."""
+        """The index, URL or `web:PROVIDER` searches go to; None when none is set."""
+        if self.web.provider is not None:
+            return f"web:{self.web.provider}"
         return self.url if self.url is not None else self.index
 
-    def open(self) -> Retriever:
+    def open(self, run: str | None = None, new_run: bool = False) -> Retriever:
+        """The configured retriever. Web search counts against the budget of `run` (the run's
+        directory; None: this process alone), from zero when `new_run`."""
         if self.source is None:
-            raise SearchRLError("no retriever configured: set retrieval.index (e.g. toyworld) or retrieval.url")
+            raise SearchRLError("no retriever configured: set retrieval.index (e.g. toyworld), retrieval.url or retrieval.web")
+        if self.web.provider is not None:
+            from searchrl.retrieval.web.retriever import WebRetriever
+
+            return WebRetriever(self.web, run, new_run)
         return open_retriever(self.source, self.api, self.retry)

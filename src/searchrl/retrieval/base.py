@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from typing_extensions import Self
+
 from searchrl.data.types import Passage
 
 
@@ -22,5 +24,17 @@ class Retriever(ABC):
         """Raise `RetrievalUnavailable` when searches cannot be served now (a server that does not
         answer), so a command fails before it loads a model; a local index is always ready."""
 
+    def usage(self) -> dict[str, float] | None:
+        """What the searches of this retriever's run have cost so far (web search: requests,
+        cache hits, dollars, pages; `searchrl.retrieval.web.budget.COUNTERS`); None when they
+        cost nothing."""
+        return None
+
     def close(self) -> None:
         """Release sockets, memory maps, ...; the default holds nothing."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -21,7 +21,6 @@ from urllib.parse import SplitResult, urlsplit
 
 from pydantic import Field
 from pydantic_core import from_json, to_json
-from typing_extensions import Self
 
 from searchrl.config import StrictModel
 from searchrl.data.types import Passage
@@ -192,12 +191,6 @@ class HttpRetriever(Retriever):
 
     def close(self) -> None:
         self._pool.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class _Connections:

@@ -159,7 +159,7 @@ class TrainConfig(StrictModel):
     @classmethod
     def _searches(cls, v: RetrievalConfig) -> RetrievalConfig:
         if v.source is None:
-            raise ValueError("training searches: set retrieval.index (a catalog index such as toyworld, or an index directory) or retrieval.url")
+            raise ValueError("training searches: set retrieval.index (a catalog index such as toyworld, or an index directory), retrieval.url or retrieval.web")
         return v
 
     def stage(self, number: int) -> StageConfig:

@@ -4,6 +4,7 @@ retriever, so a misspelt key fails in seconds with its name, not after Stage 1 h
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from searchrl.data.types import Question
 from searchrl.errors import SearchRLError
@@ -55,10 +56,11 @@ def preflight(cfg: TrainConfig, stages: list[int], model: str) -> Prepared:
             protocol.prompt(questions[s][0].question, tokenizer)
         except SearchRLError as exc:
             raise SearchRLError(f"protocol.template={cfg.protocol.template} (stage {s}): {exc}") from None
-    key = "retrieval.url" if cfg.retrieval.url is not None else "retrieval.index"
+    r = cfg.retrieval
+    where = f"retrieval.web.provider={r.web.provider}" if r.web.provider else f"retrieval.url={r.url}" if r.url else f"retrieval.index={r.index}"
     try:
-        retriever = cfg.retrieval.open()
+        retriever = cfg.retrieval.open(run=str(Path(cfg.out).resolve()))  # web search: the run's budget
         retriever.search(["preflight"], 1)  # a server that is down fails now, not in the first rollout
     except SearchRLError as exc:
-        raise SearchRLError(f"{key}={cfg.retrieval.source}: {exc}") from None
+        raise SearchRLError(f"{where}: {exc}") from None
     return Prepared(questions, retriever)

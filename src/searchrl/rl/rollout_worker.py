@@ -15,6 +15,7 @@ from searchrl.data.trajectory import Trajectory
 from searchrl.data.types import Question
 from searchrl.protocol import Protocol
 from searchrl.retrieval.base import Retriever
+from searchrl.retrieval.web.budget import COUNTERS
 from searchrl.rl.actor import Actor
 from searchrl.rollout.backend import GenerationBackend
 from searchrl.rollout.config import RolloutConfig
@@ -26,6 +27,7 @@ class RolloutWorker:
         self.engine = RolloutEngine(backend, retriever, protocol, cfg)
         self.cfg = cfg
         self.precision = precision  # context manager factory: the actor's mixed precision (hf)
+        self._spent = retriever.usage()
 
     @classmethod
     def create(cls, actor: Actor, retriever: Retriever, protocol: Protocol) -> RolloutWorker:
@@ -58,6 +60,16 @@ class RolloutWorker:
         self.engine.cfg = self.cfg.model_copy(update={"seed": seed, "samples_per_question": n})
         with self.precision():
             return self.engine.run(questions, n=n, progress=progress)
+
+    def spent(self) -> dict[str, float]:
+        """What the run's searches cost since the last call, as step metrics (`web_requests`,
+        `web_cache_hits`, `web_cost_usd`, ... and `web_cost_usd_total`); web search counts over
+        every process of the run, so rank 0's numbers are the run's. {} when searches are free."""
+        now = self.engine.retriever.usage()
+        if now is None:
+            return {}
+        before, self._spent = self._spent, now
+        return {**{f"web_{c}": round(now[c] - before[c], 6) for c in COUNTERS}, "web_cost_usd_total": now["cost_usd"]}
 
     def sync_weights(self, actor: Actor) -> None:
         self.engine.backend.sync_weights(actor.model)

@@ -101,7 +101,7 @@ def train_step(actor: Actor, worker: RolloutWorker, stage_cfg: StageConfig, ques
     sums = torch.cat([p[1] for p in parts])
     timing = Timing(*np.max([astuple(p[2]) for p in parts], axis=0).tolist())  # the slowest rank's
     has_ref = batch.ref_logp is not None
-    return record(at, everyone, sums, stats, have_old, has_ref, timing), samples(at, everyone)
+    return {**record(at, everyone, sums, stats, have_old, has_ref, timing), **worker.spent()}, samples(at, everyone)
 
 
 def score(trajectories: list[Trajectory], questions: list[Question], stage_cfg: StageConfig, worker: RolloutWorker) -> Scored:

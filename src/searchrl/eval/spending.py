@@ -1,0 +1,58 @@
+"""What an evaluation spends on services that may cost money — the ACC_L judge and web search —
+summed over every invocation of a run: an interrupted run leaves its sums in progress.json (with
+its generation seconds), a finished one in metrics.json."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from searchrl.retrieval.base import Retriever
+from searchrl.retrieval.web.budget import COUNTERS
+
+JUDGE_KEYS = ("judge_requests", "judge_cache_hits", "judge_malformed")
+WEB_KEYS = tuple(f"web_{c}" for c in COUNTERS)
+SPENT_KEYS = ("seconds", *JUDGE_KEYS, *WEB_KEYS)
+
+
+def judge_records(judge, recs: Sequence[dict]) -> None:
+    """Ask `judge` (a `searchrl.judge.Judge`) about every record; its verdict goes into `judge`."""
+    from searchrl.judge import JudgeItem
+
+    items = [JudgeItem(r["question"], tuple(r["answers"]), r["prediction"]) for r in recs]
+    for rec, verdict in zip(recs, judge.judge_many(items)):
+        rec["judge"] = verdict
+
+
+class Spending:
+    """The run's sums: `before` (what earlier invocations saved) plus this process's generation
+    `seconds`, judge requests and the searches of `retriever` since it was opened."""
+
+    def __init__(self, before: dict, judge=None, retriever: Retriever | None = None) -> None:
+        self.before, self.judge, self.retriever = before, judge, retriever
+        self.seconds = 0.0
+        self._web_start = retriever.usage() if retriever is not None else None
+
+    def totals(self) -> dict:
+        out = {**self.before, "seconds": self.before.get("seconds", 0.0) + self.seconds}
+        if self.judge is not None:
+            stats = self.judge.stats
+            for key, value in zip(JUDGE_KEYS, (stats.requests, stats.cache_hits, stats.malformed)):
+                out[key] = self.before.get(key, 0) + value
+        if self._web_start is not None:
+            now = self.retriever.usage()
+            for key, c in zip(WEB_KEYS, COUNTERS):
+                out[key] = round(self.before.get(key, 0) + now[c] - self._web_start[c], 6)
+        return out
+
+
+def spending_rows(metrics: dict) -> list[tuple[str, str]]:
+    """metrics.md rows for the judge and web search, when the run used them."""
+    rows = []
+    if "judge_requests" in metrics:
+        rows.append(("judge requests (verdicts from cache, replies without one)",
+                     f"{metrics['judge_requests']} ({metrics['judge_cache_hits']}, {metrics['judge_malformed']})"))
+    if "web_requests" in metrics:
+        rows.append(("web search requests (served from cache)", f"{metrics['web_requests']} ({metrics['web_cache_hits']})"))
+        rows.append(("web search cost, USD", f"{metrics['web_cost_usd']:.4f}"))
+        rows.append(("pages read (unreadable)", f"{metrics['web_pages']} ({metrics['web_page_failures']})"))
+    return rows

@@ -1,0 +1,99 @@
+"""metrics.json and metrics.md of an evaluation run: the scores of its prediction records, its
+search and format rates, provenance, and what it spent."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from searchrl.eval.spending import spending_rows
+
+if TYPE_CHECKING:
+    from searchrl.eval.run import EvalConfig
+
+
+def retrieval_recall(recs: Sequence[dict]) -> float | None:
+    """Mean over records with supporting ids of the share of them found among ALL passages the
+    trajectory retrieved (every search together); None when no record has supporting ids or the
+    method retrieves nothing."""
+    shares = []
+    for r in recs:
+        gold = set(r["supporting_ids"])
+        if gold and r["method"] != "direct":
+            seen = {pid for ids in r["retrieved_ids"] for pid in ids}
+            shares.append(len(gold & seen) / len(gold))
+    return sum(shares) / len(shares) if shares else None
+
+
+def summarize(cfg: EvalConfig, recs: Sequence[dict], spent: dict) -> dict:
+    """metrics.json: answer scores (via `score_records`, so they equal `searchrl eval score`),
+    search and format rates, policy tokens per question, retrieval recall, provenance, and what
+    was `spent` over the runs of a resumed evaluation: `seconds` (wall time of retrieval +
+    generation; loading the model, data and index excluded), judge and web search counters."""
+    from searchrl.eval.score import score_records
+
+    scores = score_records(recs)
+    n = len(recs)
+    mean = (lambda xs: sum(xs) / n) if n else (lambda xs: None)
+    return {
+        "n": n,
+        "em": scores["em"],
+        "f1": scores["f1"],
+        "cover_em": scores["cover_em"],
+        "cover_em_substring": scores["cover_em_substring"],
+        "acc_l": scores["acc_l"],
+        "mean_searches": mean([r["n_searches"] for r in recs]),
+        "search_rate": mean([r["n_searches"] >= 1 for r in recs]),
+        "mean_generated_tokens": mean([r["n_policy_tokens"] for r in recs]),
+        "format_ok_rate": mean([r["format_ok"] for r in recs]),
+        "retrieval_recall": retrieval_recall(recs),
+        "answered_rate": mean([r["prediction"] is not None for r in recs]),
+        "stop_reasons": dict(Counter(r["stop_reason"] for r in recs)),
+        **spent,
+        "seconds": round(spent["seconds"], 2),
+        "model": cfg.model,
+        "method": cfg.method,
+        "dataset": cfg.dataset,
+        "retriever": None if cfg.method == "direct" else cfg.retrieval.source,
+        "k": cfg.rollout.k,
+        "tags": cfg.protocol.tags,
+        "template": cfg.protocol.template,
+    }
+
+
+def metrics_markdown(metrics: dict) -> str:
+    """metrics.md: one run's metrics as a two-column Markdown table."""
+    rows = [
+        ("model", metrics["model"]),
+        ("method", metrics["method"]),
+        ("dataset", f"{metrics['dataset']} (n={metrics['n']})"),
+        ("retriever", f"{metrics['retriever']} (k={metrics['k']})" if metrics["retriever"] else "-"),
+        ("protocol", f"{metrics['tags']} / {metrics['template']}"),
+    ]
+    labels = {
+        "em": "EM %",
+        "f1": "F1 %",
+        "cover_em": "Cover-EM % (token cover, authors' code)",
+        "cover_em_substring": "Cover-EM % (substring, FlashRAG acc)",
+        "acc_l": "ACC_L % (LLM judge)",
+        "format_ok_rate": "format OK %",
+        "search_rate": "questions with >= 1 search %",
+        "retrieval_recall": "supporting passages retrieved %",
+    }
+    for key, label in labels.items():
+        rows.append((label, fmt_percent(metrics[key])))
+    rows.append(("searches / question", fmt_number(metrics["mean_searches"], 2)))
+    rows.append(("generated tokens / question", fmt_number(metrics["mean_generated_tokens"], 1)))
+    rows.append(("seconds", fmt_number(metrics["seconds"], 1)))
+    rows += spending_rows(metrics)
+    lines = ["| metric | value |", "|---|---:|"] + [f"| {a} | {b} |" for a, b in rows]
+    return "\n".join(lines) + "\n"
+
+
+def fmt_percent(value) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}"
+
+
+def fmt_number(value, digits: int) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"

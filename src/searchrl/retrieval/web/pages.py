@@ -1,0 +1,148 @@
+"""From a result's page to passage-sized text: fetch it, extract its text, condense it.
+
+Plain extraction (the default) keeps the window of about `words` words whose paragraphs share the
+most distinct words with the query — a free, deterministic stand-in for the paper's condensing
+LLM. `LLMCondenser` asks an OpenAI-compatible model instead, as the paper does (gpt-4o-mini).
+"""
+
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+
+import httpx
+
+from searchrl.llm import ChatClient
+
+# Content that is never the page's text.
+_SKIP = frozenset({"script", "style", "noscript", "svg", "nav", "header", "footer", "aside", "form", "button",
+                   "select", "template", "iframe", "head", "sup"})
+# Tags that end a paragraph.
+_BLOCK = frozenset({"p", "div", "li", "ul", "ol", "br", "tr", "td", "th", "table", "section", "article", "main",
+                    "h1", "h2", "h3", "h4", "h5", "h6", "dd", "dt", "blockquote", "pre", "figcaption", "title"})
+_READABLE = ("text/html", "application/xhtml+xml", "text/plain")
+_WORD = re.compile(r"\w+")
+_STOP = frozenset({
+    "a", "an", "and", "are", "as", "at", "be", "by", "for", "from", "has", "he", "in", "is", "it", "its",
+    "of", "on", "or", "that", "the", "to", "was", "were", "what", "when", "where", "which", "who", "whom",
+    "whose", "why", "how", "with", "did", "does", "do",
+})
+
+
+class _TextParser(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.paragraphs: list[str] = []
+        self._current: list[str] = []
+        self._skipping = 0
+
+    def handle_starttag(self, tag: str, attrs) -> None:
+        if tag in _SKIP:
+            self._skipping += 1
+        elif tag in _BLOCK:
+            self._end_paragraph()
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in _SKIP:
+            self._skipping = max(0, self._skipping - 1)
+        elif tag in _BLOCK:
+            self._end_paragraph()
+
+    def handle_startendtag(self, tag: str, attrs) -> None:
+        if tag in _BLOCK:
+            self._end_paragraph()
+
+    def handle_data(self, data: str) -> None:
+        if not self._skipping:
+            self._current.append(data)
+
+    def _end_paragraph(self) -> None:
+        text = " ".join("".join(self._current).split())
+        if text:
+            self.paragraphs.append(text)
+        self._current = []
+
+
+def html_paragraphs(page: str) -> list[str]:
+    """The readable paragraphs of an HTML page, whitespace collapsed.
+
+    >>> html_paragraphs("<html><head><title>T</title></head><body><nav>Menu</nav><p>One &amp; <b>two</b>"
+    ...                 "<sup>[1]</sup>.</p><script>x()</script><li>three</li></body></html>")
+    ['One & two.', 'three']
+    """
+    parser = _TextParser()
+    parser.feed(page)
+    parser.close()
+    parser._end_paragraph()
+    return parser.paragraphs
+
+
+def fetch_text(client: httpx.Client, url: str, max_bytes: int) -> str | None:
+    """The text of the page at `url` (paragraphs on lines), at most `max_bytes` of it read; None
+    when it cannot be read (an error status, a PDF, a timeout): the caller falls back to the snippet."""
+    try:
+        with client.stream("GET", url) as resp:
+            kind = resp.headers.get("content-type", "").split(";")[0].strip().lower()
+            if resp.status_code >= 400 or (kind and kind not in _READABLE):
+                return None
+            body = bytearray()
+            for chunk in resp.iter_bytes():
+                body += chunk
+                if len(body) >= max_bytes:
+                    break
+            text = bytes(body[:max_bytes]).decode(resp.encoding or "utf-8", errors="replace")
+    except (httpx.HTTPError, OSError, LookupError):
+        return None
+    paragraphs = [" ".join(p.split()) for p in text.splitlines()] if kind == "text/plain" else html_paragraphs(text)
+    return "\n".join(p for p in paragraphs if p) or None
+
+
+def _terms(text: str) -> set[str]:
+    return {w for w in _WORD.findall(text.lower()) if w not in _STOP}
+
+
+def best_passage(text: str, query: str, words: int) -> str:
+    """The window of about `words` words of `text` (whole paragraphs, long ones cut) that shares
+    the most distinct terms with `query`; the earliest wins a tie, so a page that does not match
+    gives its opening.
+
+    >>> page = "Intro about towns.\\nThe river Tessaly flows through Quellbridge.\\nOther things."
+    >>> best_passage(page, "Which river flows through Quellbridge?", 6)
+    'The river Tessaly flows through Quellbridge.'
+    """
+    pieces: list[list[str]] = []  # paragraphs cut to at most `words` words
+    for paragraph in text.splitlines():
+        tokens = paragraph.split()
+        pieces += [tokens[i : i + words] for i in range(0, len(tokens), words)]
+    windows, current = [], []
+    for piece in pieces:
+        if current and len(current) + len(piece) > words:
+            windows.append(current)
+            current = []
+        current = current + piece
+    windows.append(current)
+    wanted = _terms(query)
+    best = max(windows, key=lambda w: len(wanted & _terms(" ".join(w))))  # max keeps the first of equals
+    return " ".join(best)
+
+
+CONDENSE_PROMPT = (
+    "You condense web pages for a search engine. Given a search query and the text of one page, write the "
+    "facts from the page that help answer the query, in at most {words} words of plain prose, without "
+    "commentary. If nothing on the page is relevant, summarise the page in that many words."
+)
+
+
+class LLMCondenser:
+    """Condenses a page with a chat model (the paper: gpt-4o-mini); None when the reply is no text."""
+
+    def __init__(self, chat: ChatClient, words: int, max_input_chars: int) -> None:
+        self.chat, self.words, self.max_input_chars = chat, words, max_input_chars
+
+    def __call__(self, client: httpx.Client, query: str, title: str, text: str) -> str | None:
+        messages = [
+            {"role": "system", "content": CONDENSE_PROMPT.format(words=self.words)},
+            {"role": "user", "content": f"Query: {query}\nPage title: {title}\nPage text:\n{text[: self.max_input_chars]}"},
+        ]
+        reply = " ".join((self.chat.complete(client, messages, max_tokens=2 * self.words) or "").split())
+        return reply or None

@@ -1,0 +1,169 @@
+"""`WebRetriever`: a search API's top results, each page fetched and condensed into one passage.
+
+A search goes cache -> budget (caps, pace) -> provider, with the keys in turn: a key that is
+refused or out of quota is set aside and the next one tried; rate limits and server errors are
+retried with backoff (`retrieval.web.retry`). Results, page texts and condensed passages are
+cached in one SQLite file shared by all processes and runs, so a repeated query costs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+
+from searchrl.data.types import Passage
+from searchrl.errors import SearchRLError
+from searchrl.retrieval.base import Retriever
+from searchrl.retrieval.web.budget import SCHEMA, Budget, KeyRing
+from searchrl.retrieval.web.config import WebConfig
+from searchrl.retrieval.web.pages import LLMCondenser, best_passage, fetch_text
+from searchrl.retrieval.web.providers import NUM_RESULTS, PROVIDERS, Hit, classify
+from searchrl.sqlcache import SqliteStore, digest
+
+USER_AGENT = "searchrl/0.1 (research evaluation; https://pypi.org/project/searchrl/)"
+
+
+class WebRetriever(Retriever):
+    """Web search with `cfg`, counting against the budget of `run` (its directory; None: this
+    process alone). `new_run`: start that run's counters from zero."""
+
+    def __init__(self, cfg: WebConfig, run: str | None = None, new_run: bool = False) -> None:
+        from searchrl.paths import cache_dir
+
+        self.cfg = cfg
+        self.provider = PROVIDERS.get(cfg.provider)(cfg.url)
+        self.keys = KeyRing(self.provider.keys())  # a missing key fails here, before any model loads
+        self.store = SqliteStore(cfg.cache or cache_dir() / "web-cache.sqlite", SCHEMA)
+        rate = cfg.budget.requests_per_s if cfg.budget.requests_per_s is not None else self.provider.requests_per_s
+        price = cfg.budget.cost_per_request if cfg.budget.cost_per_request is not None else self.provider.cost_usd
+        self.budget = Budget(self.store, run or f"process-{uuid.uuid4()}", self.provider.name, price,
+                             1.0 / rate if rate > 0 else 0.0, cfg.budget.max_requests, cfg.budget.max_cost_usd)
+        if new_run:
+            self.budget.reset()
+        self.http = httpx.Client(timeout=cfg.timeout_s, follow_redirects=True, headers={"User-Agent": USER_AGENT})
+        self.pool = ThreadPoolExecutor(cfg.workers)
+        self.condenser = None
+        if cfg.condense.method == "llm":
+            from searchrl.llm import ChatClient
+
+            c = cfg.condense
+            chat = ChatClient(c.url, c.model, c.api_key_env, role="the page condenser", flag="retrieval.web.condense.url")
+            self.condenser = LLMCondenser(chat, c.words, c.max_input_chars)
+
+    def search(self, queries: list[str], k: int) -> list[list[Passage]]:
+        if k > NUM_RESULTS:
+            raise SearchRLError(f"web search returns at most {NUM_RESULTS} results per query; set rollout.k <= {NUM_RESULTS} (got {k})")
+        asked = [q.strip() if q else "" for q in queries]
+        todo = list(dict.fromkeys(q for q in asked if q))  # a batch of samples repeats its queries
+        hits = dict(zip(todo, self.pool.map(self._hits, todo)))
+        jobs = [(q, rank, h) for q in todo for rank, h in enumerate(hits[q][:k])]
+        urls = list(dict.fromkeys(h.url for _, _, h in jobs)) if self.cfg.pages else []  # each page read once
+        texts = dict(zip(urls, self.pool.map(self._page_text, urls)))
+        passages = self.pool.map(lambda job: self._passage(*job, texts.get(job[2].url)), jobs)
+        done = dict(zip([(q, rank) for q, rank, _ in jobs], passages))
+        return [[done[(q, rank)] for rank in range(len(hits[q][:k]))] if q else [] for q in asked]
+
+    def usage(self) -> dict[str, float]:
+        return self.budget.usage()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+        self.http.close()
+        self.store.close()
+
+    # -------------------------------------------------------------------------------- searching
+
+    def _hits(self, query: str) -> list[Hit]:
+        sent = f"{query} site:{self.cfg.site}" if self.cfg.site else query
+        key = digest(self.provider.name, sent, NUM_RESULTS)
+        cached = self.store.get("search", key)
+        if cached is not None:
+            self.budget.add(cache_hits=1)
+            return [Hit(*h) for h in json.loads(cached)]
+        hits = self._request(sent)
+        self.store.put("search", key, json.dumps([[h.url, h.title, h.snippet] for h in hits]))
+        return hits
+
+    def _request(self, query: str) -> list[Hit]:
+        started, retries, last = time.monotonic(), 0, ""
+        while True:
+            self.budget.reserve()
+            api_key = self.keys.next()
+            call = self.provider.call(query, api_key)
+            try:
+                resp = self.http.request(call.method, call.url, params=call.params or None, headers=call.headers, json=call.json)
+                status, text = resp.status_code, resp.text
+            except httpx.HTTPError as exc:
+                status, text = 0, f"{type(exc).__name__}: {exc}"
+            verdict = classify(status, text) if status else "retry"
+            if verdict == "ok":
+                try:
+                    return self.provider.parse(resp.json())
+                except ValueError:
+                    raise SearchRLError(f"{self.provider.name} at {self.provider.url} answered non-JSON: {text[:200]!r}") from None
+            self.budget.refund()
+            last = f"HTTP {status}: {text[:200]}" if status else text
+            if verdict in ("refused", "exhausted"):
+                self._set_aside(api_key, verdict, last)
+                continue
+            if verdict == "error":
+                raise SearchRLError(f"{self.provider.name} at {self.provider.url} rejected the search ({last})")
+            retries += 1
+            wait = self.cfg.retry.wait(retries, time.monotonic() - started)
+            if wait is None:
+                raise SearchRLError(
+                    f"{self.provider.name} at {self.provider.url} did not answer a search after {retries} attempts ({last}); "
+                    "is it reachable? Raise retrieval.web.retry.total_s to wait longer, or lower retrieval.web.budget.requests_per_s"
+                )
+            time.sleep(wait)
+
+    def _set_aside(self, api_key: str | None, verdict: str, last: str) -> None:
+        env, name = self.provider.key_env, self.provider.name
+        if env is None:
+            raise SearchRLError(f"{name} at {self.provider.url} refused the search ({last}); {self.provider.refused_hint()}")
+        if self.keys.drop(api_key):
+            return
+        if verdict == "exhausted":
+            raise SearchRLError(
+                f"{name}: the quota of every key in {env} is spent ({last}); wait for it to renew, add a key "
+                f"(comma-separated in {env}) or search with another provider"
+            )
+        raise SearchRLError(f"{name} refused every key in {env} ({last}); {self.provider.refused_hint()}")
+
+    # -------------------------------------------------------------------------------- pages
+
+    def _passage(self, query: str, rank: int, hit: Hit, text: str | None) -> Passage:
+        """`hit` as a passage: its page's `text` condensed, or its snippet when the page is unread."""
+        body = None
+        if text is not None and self.condenser is not None:
+            body = self._condensed(query, hit, text)
+        if text is not None and body is None:
+            body = best_passage(text, query, self.cfg.condense.words)
+        # Reciprocal rank: providers order their results but give no score.
+        return Passage(hit.url, hit.title or hit.url, body or hit.snippet, 1.0 / (rank + 1))
+
+    def _page_text(self, url: str) -> str | None:
+        cached = self.store.get("page", url)
+        if cached is not None:
+            return cached
+        text = fetch_text(self.http, url, self.cfg.max_page_bytes)
+        if text is None:  # not cached: the page may be readable next time
+            self.budget.add(page_failures=1)
+            return None
+        self.budget.add(pages=1)
+        self.store.put("page", url, text)
+        return text
+
+    def _condensed(self, query: str, hit: Hit, text: str) -> str | None:
+        c = self.cfg.condense
+        key = digest(c.model, query, hit.url, c.words)
+        cached = self.store.get("condensed", key)
+        if cached is None:
+            cached = self.condenser(self.http, query, hit.title, text)
+            if cached is not None:
+                self.store.put("condensed", key, cached)
+        return cached
