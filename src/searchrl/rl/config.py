@@ -15,6 +15,7 @@ from pydantic import Field, field_validator, model_validator
 from searchrl.config import StrictModel
 from searchrl.protocol import ProtocolConfig
 from searchrl.retrieval import RetrievalConfig
+from searchrl.rl.health import HealthConfig
 from searchrl.rewards import RewardConfig
 from searchrl.rollout.config import RolloutConfig
 
@@ -145,6 +146,10 @@ class TrainConfig(StrictModel):
     stage1: StageConfig = Field(default_factory=_stage1, description="Stage 1: learn to call search (R_retrieve + R_format).")
     stage2: StageConfig = Field(default_factory=_stage2, description="Stage 2: learn to use the results (R_answer + R_format); starts from Stage 1's weights.")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Samples, checkpoints, TensorBoard.")
+    health: HealthConfig = Field(
+        default_factory=HealthConfig, description="Collapse monitors run after every step (search rate, echoed answers, "
+        "length, entropy, flat groups, log-prob mismatch, NaN/Inf, step time): values in metrics.jsonl, alarms in alarms.jsonl.",
+    )
     debug_crash_after_step: int | None = Field(
         None, ge=1, description="Testing aid: raise right after this (global) step is logged, before its checkpoint, to exercise --resume.",
     )

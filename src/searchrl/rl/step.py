@@ -33,6 +33,7 @@ from searchrl.rl.actor import Actor, UpdateStats
 from searchrl.rl.advantages import compute_advantages
 from searchrl.rl.batch import RolloutBatch, make_batch
 from searchrl.rl.config import StageConfig
+from searchrl.rl.health import echoes, flat_share
 from searchrl.rl.losses import kl_penalty, masked_sum
 from searchrl.rl.rollout_worker import RolloutWorker
 
@@ -178,6 +179,8 @@ def record(at: StepIndex, scored: Scored, sums: torch.Tensor, stats: UpdateStats
         "format_ok": _mean(r.format_ok for r in rewards),
         "answer_f1": _mean(f1(t.answer, q.answers) for t, q in zip(trajs, scored.questions)),
         "answer_rate": _mean(t.answer is not None for t in trajs),
+        "echo_rate": _mean_known(echoes(t.answer, q.question, q.answers, q.type) for t, q in zip(trajs, scored.questions)),
+        "flat_groups": flat_share([r.total for r in rewards], scored.group_ids),
         "response_tokens": float(col["policy_tokens"].mean()),
         "env_tokens": float((col["response_tokens"] - col["policy_tokens"]).mean()),
         "kl": per_token("kl") if have_old and has_ref else None,
@@ -208,3 +211,9 @@ def samples(at: StepIndex, scored: Scored) -> list[dict]:
 
 def _mean(values) -> float:
     return float(np.mean(list(values)))
+
+
+def _mean_known(values) -> float | None:
+    """The mean of the values that are not None (None when all are)."""
+    known = [v for v in values if v is not None]
+    return _mean(known) if known else None

@@ -1,0 +1,286 @@
+"""Training health monitors (issue 12): the collapses RL search agents fall into, caught while they
+happen. In the long CPU run with Stage 2's reward the search rate fell from 1.0 to 0.0 at step 21
+and the policy learned to answer comparisons with both candidates ("A or B"), which F1 half-
+rewards and cover-EM fully counts.
+
+Each monitor is a pure function of one stage's step records up to the current step (dicts as in
+metrics.jsonl) and returns its value for that step, or None when it has nothing to judge (a step
+without an update has no entropy; a window not yet full). The trainer runs them after every step
+(`HealthWatch`) and `searchrl health` replays them over a finished or live metrics.jsonl
+(`scan`), so both see the same alarms. What needs per-rollout data (echoed answers, groups with
+equal rewards) is a per-step metric that `rl.step.record` writes; the monitors threshold it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+from pydantic import Field
+
+from searchrl.config import StrictModel
+from searchrl.metrics import normalize_answer
+
+ALARMS_FILE = "alarms.jsonl"
+
+
+class MonitorConfig(StrictModel):
+    """One monitor: what it does when it fires, its threshold and its window of steps."""
+
+    action: Literal["warn", "stop", "off"] = Field(
+        "warn", description="warn: a console line and a line in the run's alarms.jsonl; stop: that, then a checkpoint "
+        "and the run ends with the alarm as its error; off: not computed.",
+    )
+    threshold: float = Field(..., description="Where the monitor fires (see the monitor's own description).")
+    window: int = Field(..., ge=1, description="Steps the monitor averages over (or, for spikes, the baseline's steps).")
+
+
+def _monitor(threshold: float, window: int, what: str):
+    return Field(default_factory=lambda: MonitorConfig(threshold=threshold, window=window), description=what)
+
+
+class HealthConfig(StrictModel):
+    """Monitors run after every step on the step records; windows never reach into the previous
+    stage. Defaults stay quiet on the demo's healthy run."""
+
+    search_collapse: MonitorConfig = _monitor(
+        0.5, 2, "Mean search_rate over the window as a fraction of the stage's best such mean; fires at or below threshold.")
+    answer_echo: MonitorConfig = _monitor(
+        0.3, 2, "Mean echo_rate (comparison answers naming both candidates, or the gold plus another) over the window; "
+        "fires at or above threshold.")
+    length_drift: MonitorConfig = _monitor(
+        3.0, 3, "Mean response_tokens over the window against the median of the stage's first window steps; fires when "
+        "the ratio is at or above threshold (explosion) or at or below its inverse (collapse).")
+    entropy_collapse: MonitorConfig = _monitor(
+        0.2, 2, "Mean entropy over the window as a fraction of the stage's best such mean; fires at or below threshold.")
+    flat_groups: MonitorConfig = _monitor(
+        0.9, 5, "Mean flat_groups (share of question groups whose rewards are all equal: no learning signal) over the "
+        "window; fires at or above threshold.")
+    logprob_mismatch: MonitorConfig = _monitor(
+        10.0, 3, "logprob_mismatch (sampler vs actor, per token) against the median of the window's earlier steps; fires "
+        "at or above threshold times that median once it is also over 1e-3 (fp32 noise spikes harmlessly).")
+    nonfinite: MonitorConfig = _monitor(
+        1, 1, "How many of loss, gradient norm, KL, entropy, log-prob mismatch and reward are NaN/Inf; fires at or above threshold.")
+    step_time: MonitorConfig = _monitor(
+        4.0, 3, "step_seconds against the median of the window's earlier steps; fires at or above threshold.")
+
+
+# ------------------------------------------------------------------------------------------------
+# The monitors: (records of one stage up to this step, config) -> (value | None, fired)
+
+Reading = tuple[float | None, bool]
+Monitor = Callable[[Sequence[dict], MonitorConfig], Reading]
+
+
+def _values(records: Sequence[dict], key: str) -> list[float]:
+    return [r[key] for r in records if r.get(key) is not None]
+
+
+def _mean_last(values: list[float], window: int) -> float | None:
+    return statistics.fmean(values[-window:]) if len(values) >= window else None
+
+
+def _vs_best(records: Sequence[dict], key: str, cfg: MonitorConfig) -> Reading:
+    """The latest window mean over the best window mean so far; None until the best is positive."""
+    if not records or records[-1].get(key) is None:
+        return None, False
+    values = _values(records, key)
+    means = [statistics.fmean(values[i - cfg.window:i]) for i in range(cfg.window, len(values) + 1)]
+    if not means or max(means) <= 0:
+        return None, False
+    ratio = means[-1] / max(means)
+    return ratio, ratio <= cfg.threshold
+
+
+def _window_mean(records: Sequence[dict], key: str, cfg: MonitorConfig) -> Reading:
+    if not records or records[-1].get(key) is None:
+        return None, False
+    mean = _mean_last(_values(records, key), cfg.window)
+    return mean, mean is not None and mean >= cfg.threshold
+
+
+def _spike(records: Sequence[dict], key: str, cfg: MonitorConfig, floor: float = 0.0) -> Reading:
+    """The latest value over the median of the `window` values before it."""
+    values = _values(records, key)
+    if not records or records[-1].get(key) is None or len(values) <= cfg.window:
+        return None, False
+    base = statistics.median(values[-cfg.window - 1:-1])
+    if base <= 0:
+        return None, False
+    ratio = values[-1] / base
+    return ratio, ratio >= cfg.threshold and values[-1] > floor
+
+
+def search_collapse(records: Sequence[dict], cfg: MonitorConfig) -> Reading:
+    return _vs_best(records, "search_rate", cfg)
+
+
+def answer_echo(records: Sequence[dict], cfg: MonitorConfig) -> Reading:
+    return _window_mean(records, "echo_rate", cfg)
+
+
+def length_drift(records: Sequence[dict], cfg: MonitorConfig) -> Reading:
+    values = _values(records, "response_tokens")
+    recent = _mean_last(values, cfg.window)
+    if recent is None or len(values) < 2 * cfg.window:  # a baseline apart from the window
+        return None, False
+    base = statistics.median(values[: cfg.window])
+    if base <= 0:
+        return None, False
+    ratio = recent / base
+    return ratio, ratio >= cfg.threshold or ratio <= 1 / cfg.threshold
+
+
+def entropy_collapse(records: Sequence[dict], cfg: MonitorConfig) -> Reading:
+    return _vs_best(records, "entropy", cfg)
+
+
+def flat_groups(records: Sequence[dict], cfg: MonitorConfig) -> Reading:
+    return _window_mean(records, "flat_groups", cfg)
+
+
+def logprob_mismatch(records: Sequence[dict], cfg: MonitorConfig) -> Reading:
+    return _spike(records, "logprob_mismatch", cfg, floor=1e-3)
+
+
+# A NaN in any of these poisons the weights (loss, gradients) or shows they already are (log-probs).
+NONFINITE_KEYS = ("pg_loss", "kl_loss", "grad_norm", "kl", "entropy", "logprob_mismatch", "reward")
+
+
+def nonfinite(records: Sequence[dict], cfg: MonitorConfig) -> Reading:
+    bad = sum(1 for k in NONFINITE_KEYS if isinstance(records[-1].get(k), float) and not math.isfinite(records[-1][k]))
+    return float(bad), bad >= cfg.threshold
+
+
+def step_time(records: Sequence[dict], cfg: MonitorConfig) -> Reading:
+    return _spike(records, "step_seconds", cfg)
+
+
+MONITORS: dict[str, Monitor] = {
+    "search_collapse": search_collapse, "answer_echo": answer_echo, "length_drift": length_drift,
+    "entropy_collapse": entropy_collapse, "flat_groups": flat_groups, "logprob_mismatch": logprob_mismatch,
+    "nonfinite": nonfinite, "step_time": step_time,
+}
+assert set(MONITORS) == set(HealthConfig.model_fields), "every monitor has a config field and back"
+
+
+# ------------------------------------------------------------------------------------------------
+# Per-rollout inputs that `rl.step.record` turns into step metrics
+
+# "Which film came out first, Dusk Harbour or The Glass Road?" -> the two names
+_CANDIDATES = re.compile(r",\s*(?P<a>[^,?]+?)\s+or\s+(?P<b>[^,?]+?)\s*\?\s*$", re.IGNORECASE)
+# Joins two answers in one: "A or B", "A / B", "A, B"
+_JOINER = re.compile(r"\bor\b|[/,;&]", re.IGNORECASE)
+
+
+def echoes(prediction: str | None, question: str, answers: Sequence[str], qtype: str = "") -> bool | None:
+    """Whether an answer to a comparison-like question hedges: it names two or more candidates
+    of the question, or the gold joined to something else. None: not comparison-like.
+
+    >>> echoes("Dusk Harbour or The Glass Road", "Which film came out first, Dusk Harbour or The Glass Road?", ["Dusk Harbour"])
+    True
+    >>> echoes("Dusk Harbour", "Which film came out first, Dusk Harbour or The Glass Road?", ["Dusk Harbour"])
+    False
+    >>> echoes("yes/no", "Are Ann Lee and Bo Kim citizens of the same country?", ["no"], "comparison")
+    True
+    >>> echoes("R1", "Which river flows through Town 1?", ["R1"]) is None
+    True
+    """
+    match = _CANDIDATES.search(question)
+    if match is None and "comparison" not in qtype:
+        return None
+    if not prediction:
+        return False
+    pred = f" {normalize_answer(prediction)} "
+    candidates = [match["a"], match["b"]] if match else []
+    if {normalize_answer(a) for a in answers} <= {"yes", "no"}:
+        candidates += ["yes", "no"]
+    named = sum(f" {normalize_answer(c)} " in pred for c in candidates)
+    golds = [f" {normalize_answer(a)} " for a in answers]
+    gold_plus = any(g in pred and g != pred for g in golds) and bool(_JOINER.search(prediction))
+    return named >= 2 or gold_plus
+
+
+def flat_share(rewards: Sequence[float], group_ids: Sequence[int]) -> float:
+    """Share of groups whose rewards are all equal: their advantages are 0, they teach nothing.
+
+    >>> flat_share([1.0, 1.0, 0.0, 1.0, 0.5, 0.5], [0, 0, 1, 1, 2, 2])
+    0.6666666666666666
+    """
+    groups: dict[int, set[float]] = {}
+    for r, g in zip(rewards, group_ids):
+        groups.setdefault(g, set()).add(r)
+    return sum(len(v) == 1 for v in groups.values()) / max(len(groups), 1)
+
+
+# ------------------------------------------------------------------------------------------------
+# Alarms: a monitor's transition from quiet to firing
+
+
+@dataclass(frozen=True)
+class Alarm:
+    monitor: str
+    stage: int
+    step: int
+    value: float
+    threshold: float
+    action: str
+    message: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class HealthWatch:
+    """Follows a run step by step: `observe(record)` returns the monitors' values (for the record)
+    and the alarms the step raises. A monitor that keeps firing alarms once, until it falls quiet.
+    Seeded with a resumed run's records, it continues their windows and their alarms' state."""
+
+    def __init__(self, cfg: HealthConfig, records: Sequence[dict] = ()) -> None:
+        self.cfg = cfg
+        self.records: list[dict] = []
+        self.firing: set[str] = set()
+        for rec in records:
+            self.observe(rec)
+
+    def observe(self, record: dict) -> tuple[dict[str, float | None], list[Alarm]]:
+        if self.records and self.records[-1]["stage"] != record["stage"]:
+            self.records, self.firing = [], set()  # a new stage: new data, new reward, new baselines
+        self.records.append(record)
+        values, alarms = {}, []
+        for name, monitor in MONITORS.items():
+            mcfg: MonitorConfig = getattr(self.cfg, name)
+            if mcfg.action == "off":
+                continue
+            value, fired = monitor(self.records, mcfg)
+            values[name] = value
+            if fired and name not in self.firing:
+                alarms.append(Alarm(name, record["stage"], record["step"], value, mcfg.threshold, mcfg.action,
+                                    _message(name, value, mcfg)))
+            (self.firing.add if fired else self.firing.discard)(name)
+        return values, alarms
+
+
+def scan(records: Sequence[dict], cfg: HealthConfig) -> list[Alarm]:
+    """Every alarm a run's step records raise, in step order (what `searchrl health` prints)."""
+    watch = HealthWatch(cfg)
+    return [a for rec in records for a in watch.observe(rec)[1]]
+
+
+def _message(name: str, value: float, cfg: MonitorConfig) -> str:
+    w = f"{cfg.window} step(s)"
+    return {
+        "search_collapse": f"search rate over {w} fell to {value:.0%} of the stage's best: the policy stopped searching",
+        "answer_echo": f"{value:.0%} of comparison answers over {w} name both candidates or the gold plus another "
+                       "(F1 half-rewards it, cover-EM counts it)",
+        "length_drift": f"responses over {w} are {value:.2f}x the stage's first steps' length",
+        "entropy_collapse": f"entropy over {w} fell to {value:.0%} of the stage's best: sampling is turning deterministic",
+        "flat_groups": f"{value:.0%} of question groups over {w} had equal rewards: no learning signal",
+        "logprob_mismatch": f"sampler/actor log-prob gap is {value:.1f}x its recent median",
+        "nonfinite": f"{value:.0f} of {', '.join(NONFINITE_KEYS)} is NaN/Inf",
+        "step_time": f"the step took {value:.1f}x the recent median step time",
+    }[name]
