@@ -336,6 +336,19 @@ def plot(
     plot_command(Path(run), Path(out) if out else None, window)
 
 
+@app.command()
+def health(
+    run: str = typer.Argument(..., help="Run directory of `searchrl train`, finished or still training (reads its metrics.jsonl)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the alarms as one JSON object."),
+) -> None:
+    """Replay the health monitors over a run's metrics: print the alarms with their steps; exit 1 if any fired, 0 if healthy."""
+    from pathlib import Path
+
+    from searchrl.rl.health import health_command
+
+    raise typer.Exit(health_command(Path(run), as_json))
+
+
 # --- demo ---
 @app.command()
 def demo(

@@ -13,16 +13,20 @@ equal rewards) is a per-step metric that `rl.step.record` writes; the monitors t
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import statistics
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from searchrl.config import StrictModel
+from searchrl.errors import SearchRLError
 from searchrl.metrics import normalize_answer
 
 ALARMS_FILE = "alarms.jsonl"
@@ -67,6 +71,15 @@ class HealthConfig(StrictModel):
         1, 1, "How many of loss, gradient norm, KL, entropy, log-prob mismatch and reward are NaN/Inf; fires at or above threshold.")
     step_time: MonitorConfig = _monitor(
         4.0, 3, "step_seconds against the median of the window's earlier steps; fires at or above threshold.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_from_defaults(cls, data):
+        # `health.nonfinite.action=stop` alone keeps that monitor's default threshold and window.
+        if not isinstance(data, dict):
+            return data
+        return {k: {**cls.model_fields[k].default_factory().model_dump(), **v} if isinstance(v, dict) and k in cls.model_fields else v
+                for k, v in data.items()}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -269,6 +282,56 @@ def scan(records: Sequence[dict], cfg: HealthConfig) -> list[Alarm]:
     """Every alarm a run's step records raise, in step order (what `searchrl health` prints)."""
     watch = HealthWatch(cfg)
     return [a for rec in records for a in watch.observe(rec)[1]]
+
+
+class HealthStop(SearchRLError):
+    """A monitor with action `stop` fired; the run saved a checkpoint first."""
+
+
+def report(run_dir: Path, alarms: Sequence[Alarm]) -> None:
+    """Appends the alarms to the run's alarms.jsonl and says them on stderr."""
+    if not alarms:
+        return
+    with (Path(run_dir) / ALARMS_FILE).open("a", encoding="utf-8") as fh:
+        for a in alarms:
+            fh.write(json.dumps(a.to_dict()) + "\n")
+            print(f"warning: health: {a.monitor} at step {a.step}: {a.message} (threshold {a.threshold:g})", file=sys.stderr, flush=True)
+
+
+def trim_alarms(run_dir: Path, step: int) -> None:
+    """Keep the alarms of steps up to `step` (a resumed run replays the rest)."""
+    path = Path(run_dir) / ALARMS_FILE
+    if path.is_file():
+        keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
+        path.write_text("".join(line + "\n" for line in keep))
+
+
+def health_command(run_dir: Path, as_json: bool) -> int:
+    """`searchrl health RUN`: the alarms of a run's metrics.jsonl under the run's own thresholds
+    (its config.yaml's `health` section; the defaults without one); 1 if any fired, else 0."""
+    import yaml
+    from rich.console import Console
+    from rich.table import Table
+
+    from searchrl.runlog import METRICS_FILE, read_metrics
+
+    if not (Path(run_dir) / METRICS_FILE).is_file():
+        raise SearchRLError(f"{run_dir}: no {METRICS_FILE}; give the run directory of `searchrl train`")
+    config = Path(run_dir) / "config.yaml"
+    section = (yaml.safe_load(config.read_text()) or {}).get("health") if config.is_file() else None
+    records = read_metrics(run_dir)
+    alarms = scan(records, HealthConfig.model_validate(section or {}))
+    if as_json:
+        print(json.dumps({"run": str(run_dir), "steps": len(records), "healthy": not alarms,
+                          "alarms": [a.to_dict() for a in alarms]}))
+    elif not alarms:
+        Console().print(f"{run_dir}: healthy ({len(records)} steps, {len(MONITORS)} monitors)", highlight=False)
+    else:
+        table = Table("monitor", "stage", "step", "value", "threshold", "action", "message", title=f"{run_dir}: {len(alarms)} alarm(s)")
+        for a in alarms:
+            table.add_row(a.monitor, str(a.stage), str(a.step), f"{a.value:.3g}", f"{a.threshold:g}", a.action, a.message)
+        Console().print(table)
+    return 1 if alarms else 0
 
 
 def _message(name: str, value: float, cfg: MonitorConfig) -> str:

@@ -27,6 +27,7 @@ from searchrl.errors import SearchRLError
 from searchrl.rl import checkpoint as ckpt
 from searchrl.rl.config import TrainConfig
 from searchrl.rl.integrity import verify_checksums
+from searchrl.rl.health import trim_alarms
 from searchrl.runlog import METRICS_FILE, truncate_metrics
 
 LOCK_FILE = "run.lock"
@@ -186,8 +187,9 @@ def check_resume(cfg: TrainConfig, state: ckpt.TrainerState, folder: Path, stage
 
 
 def _trim(run_dir: Path, step: int, metrics_lines: int) -> None:
-    """Drop what a stopped run wrote after `step`: metrics records and sample dumps."""
+    """Drop what a stopped run wrote after `step`: metrics records, alarms and sample dumps."""
     truncate_metrics(run_dir, metrics_lines)
+    trim_alarms(run_dir, step)
     for f in (run_dir / "samples").glob("step_*.jsonl") if (run_dir / "samples").is_dir() else []:
         if int(f.stem.split("_")[1]) > step:
             f.unlink()

@@ -38,7 +38,7 @@ from searchrl.rl.losses import kl_penalty, masked_sum
 from searchrl.rl.rollout_worker import RolloutWorker
 
 # Keys of a step record that measure time, not learning (they differ between identical runs).
-TIMING_KEYS = ("step_seconds", "rollout_seconds", "logprob_seconds", "update_seconds", "tokens_per_s")
+TIMING_KEYS = ("step_seconds", "rollout_seconds", "logprob_seconds", "update_seconds", "tokens_per_s", "health_step_time")
 
 
 @dataclass(frozen=True)

@@ -28,12 +28,13 @@ from searchrl.rl import checkpoint as ckpt
 from searchrl.rl import rundir
 from searchrl.rl.actor import Actor
 from searchrl.rl.config import TrainConfig
+from searchrl.rl.health import HealthStop, HealthWatch, report
 from searchrl.rl.distributed import Dist, close_distributed, init_distributed
 from searchrl.rl.preflight import preflight
 from searchrl.rl.rollout_worker import RolloutWorker
 from searchrl.rl.sampler import PromptSampler
 from searchrl.rl.step import StepIndex, train_step
-from searchrl.runlog import RunLogger
+from searchrl.runlog import RunLogger, read_metrics
 
 
 def step_seed(seed: int, stage: int, step: int, rank: int = 0) -> int:
@@ -119,6 +120,7 @@ def _train(cfg: TrainConfig, resume: Path | None, stages: list[int] | None, d: D
     logger = RunLogger(run_dir, cfg.logging.tensorboard, purge_step=state.step + 1 if state else None,
                        echo=cfg.logging.progress) if d.main else None
     metrics_lines = state.metrics_lines if state else 0
+    watch = HealthWatch(cfg.health, read_metrics(run_dir)) if d.main else None  # a resumed run's windows go on
     try:
         for stage in plan[first:]:
             stage_cfg = cfg.stage(stage)
@@ -134,14 +136,20 @@ def _train(cfg: TrainConfig, resume: Path | None, stages: list[int] | None, d: D
                 questions = d.rank_slice(sampler.take(stage_cfg.prompts_per_step))
                 record, samples = train_step(actor, worker, stage_cfg, questions, at, cfg.logging.progress and d.main)
                 metrics_lines += 1
+                stop = None
                 if d.main:
+                    values, alarms = watch.observe(record)
+                    record.update({f"health_{name}": v for name, v in values.items()})
                     logger.log(record)
                     _write_samples(run_dir, step, samples, cfg)
+                    report(run_dir, alarms)
+                    stop = next((a for a in alarms if a.action == "stop"), None)
+                stop = d.broadcast(stop)  # every rank saves and ends together
                 if cfg.debug_crash_after_step == step:  # dies as a kill would: logged, not saved
                     raise RuntimeError(f"debug_crash_after_step={step}: simulated crash")
                 last = k + 1 == stage_cfg.steps
                 every = cfg.logging.checkpoint_every
-                if last or (every and (k + 1) % every == 0):
+                if last or stop or (every and (k + 1) % every == 0):
                     if last:
                         stage_ends[stage] = ckpt.checkpoint_name(step)
                     actor.save(run_dir, step, ckpt.TrainerState(
@@ -150,6 +158,13 @@ def _train(cfg: TrainConfig, resume: Path | None, stages: list[int] | None, d: D
                     ), export=last)
                     if d.main:
                         ckpt.prune(run_dir, cfg.logging.keep_last, protected=set(stage_ends.values()))
+                if stop:
+                    raise HealthStop(
+                        f"health monitor {stop.monitor} stopped the run at step {step}: {stop.message} "
+                        f"(value {stop.value:.3g}, threshold {stop.threshold:g}; every alarm is in {run_dir}/alarms.jsonl). "
+                        f"Checkpoint {ckpt.checkpoint_name(step)} is saved: `searchrl train --resume {run_dir}` goes on "
+                        f"(this alarm does not fire again until {stop.monitor} falls quiet), or set health.{stop.monitor}.action=warn"
+                    )
             actor.end_stage()
     finally:
         worker.close()

@@ -1,0 +1,146 @@
+"""Health monitors on crafted metric series (each fires where it should, at the right step, and
+not before), no false alarm on the demo's healthy run, the trainer's warn and stop, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from searchrl.cli import app
+from searchrl.config import load_config
+from searchrl.rl import trainer
+from searchrl.rl.checkpoint import latest_checkpoint
+from searchrl.rl.config import TrainConfig
+from searchrl.rl.health import ALARMS_FILE, HealthConfig, HealthStop, echoes, scan
+from searchrl.runlog import read_metrics
+
+from test_trainer import _overrides
+
+DEMO = Path(__file__).parent / "data" / "demo_metrics.jsonl"  # the demo's healthy run (fresh clone)
+
+
+def _series(key: str, values: list, stage: int = 1, **extra) -> list[dict]:
+    return [{"stage": stage, "step": i + 1, key: v, **extra} for i, v in enumerate(values)]
+
+
+def _fired(records: list[dict], **monitors) -> list[tuple[str, int]]:
+    cfg = HealthConfig(**{k: {"threshold": t, "window": w} for k, (t, w) in monitors.items()})
+    return [(a.monitor, a.step) for a in scan(records, cfg)]
+
+
+def test_demo_run_raises_no_alarm():
+    records = [json.loads(line) for line in DEMO.read_text().splitlines()]
+    assert len(records) == 13 and scan(records, HealthConfig()) == []
+
+
+def test_search_collapse_at_step_21_is_flagged_within_two_steps():
+    records = _series("search_rate", [1.0] * 20 + [0.0] * 5)
+    assert [(a.monitor, a.step) for a in scan(records, HealthConfig())] == [("search_collapse", 21)]
+    assert _fired(_series("search_rate", [1.0, 0.9, 0.8, 1.0, 0.7])) == []  # noise is no collapse
+
+
+def test_search_best_is_per_stage():
+    # Stage 2 starts low and stays low: no collapse against Stage 1's best.
+    records = _series("search_rate", [1.0] * 3) + _series("search_rate", [0.3] * 4, stage=2)
+    assert _fired(records) == []
+
+
+def test_answer_echo_fires_on_the_window_mean():
+    records = _series("echo_rate", [0.0, None, 0.1, 0.2, 0.5, 0.6])
+    assert _fired(records) == [("answer_echo", 5)]  # (0.2 + 0.5) / 2 >= 0.3
+
+
+def test_echoes_names_both_candidates_or_the_gold_plus_another():
+    q = "Which film came out first, Dusk Harbour or The Glass Road?"
+    assert echoes("The Glass Road or Dusk Harbour", q, ["Dusk Harbour"])
+    assert echoes("Dusk Harbour / Paris", q, ["Dusk Harbour"])  # the gold plus something else
+    assert not echoes("Dusk Harbour", q, ["Dusk Harbour"]) and not echoes(None, q, ["Dusk Harbour"])
+    assert echoes("R1 or R2", "Which river flows through Town 1?", ["R1"]) is None  # not a comparison
+
+
+def test_length_collapse_and_explosion():
+    assert _fired(_series("response_tokens", [60, 62, 58, 50, 30, 15, 12])) == [("length_drift", 7)]  # 19/60 <= 1/3
+    assert _fired(_series("response_tokens", [60, 62, 58, 70, 150, 300])) == []  # 173/60 < 3
+    assert _fired(_series("response_tokens", [60, 62, 58, 100, 200, 300])) == [("length_drift", 6)]  # 200/60
+
+
+def test_entropy_collapse_skips_steps_without_an_update():
+    records = _series("entropy", [0.9, 1.0, None, 0.8, 0.3, 0.1, 0.05])
+    assert _fired(records) == [("entropy_collapse", 7)]  # 0.075 / 0.95 (step 6: 0.2 / 0.95 = 0.21)
+
+def test_flat_groups_fire_after_a_full_window():
+    assert _fired(_series("flat_groups", [1.0, 1.0, 1.0, 1.0, 0.4, 1.0])) == []  # 0.88
+    assert _fired(_series("flat_groups", [0.0, 1.0, 1.0, 1.0, 1.0, 1.0])) == [("flat_groups", 6)]  # 0.8, then 1.0
+
+
+def test_logprob_mismatch_spike_needs_the_floor():
+    assert _fired(_series("logprob_mismatch", [1e-6, 2e-6, 1e-6, 5e-5])) == []  # 50x, but fp32 noise
+    assert _fired(_series("logprob_mismatch", [1e-3, 2e-3, 1e-3, 1e-3, 2e-2, 1e-3])) == [("logprob_mismatch", 5)]
+
+
+def test_nonfinite_loss_gradient_or_logprobs():
+    records = _series("pg_loss", [0.1, 0.2, math.nan, 0.1, 0.1], grad_norm=1.0)
+    records[3]["grad_norm"] = math.inf  # still firing: no second alarm
+    records[4]["entropy"] = None  # None is a skipped value, not a NaN
+    assert _fired(records) == [("nonfinite", 3)]
+
+
+def test_step_time_blowup():
+    assert _fired(_series("step_seconds", [50, 60, 55, 58, 300, 60])) == [("step_time", 5)]
+
+
+def test_a_monitor_alarms_again_after_it_fell_quiet_and_off_silences_it():
+    records = _series("step_seconds", [50, 50, 50, 300, 50, 50, 50, 300])
+    assert _fired(records) == [("step_time", 4), ("step_time", 8)]
+    assert scan(records, HealthConfig(step_time={"threshold": 4, "window": 3, "action": "off"})) == []
+
+
+def _run_with_metrics(tmp_path: Path, records: list[dict], torn: bool = False) -> Path:
+    run = tmp_path / "run"
+    run.mkdir()
+    text = "".join(json.dumps(r) + "\n" for r in records)
+    (run / "metrics.jsonl").write_text(text + ('{"stage": 1, "st' if torn else ""))
+    return run
+
+
+def test_cli_exit_codes_json_and_torn_last_line(tmp_path):
+    healthy = tmp_path / "healthy"
+    healthy.mkdir()
+    shutil.copy(DEMO, healthy / "metrics.jsonl")
+    result = CliRunner().invoke(app, ["health", str(healthy)])
+    assert result.exit_code == 0 and "healthy" in result.output
+
+    sick = _run_with_metrics(tmp_path, _series("search_rate", [1.0] * 20 + [0.0] * 3), torn=True)
+    result = CliRunner().invoke(app, ["health", str(sick), "--json"])
+    assert result.exit_code == 1, result.output
+    out = json.loads(result.stdout.splitlines()[-1])
+    assert out["healthy"] is False and out["steps"] == 23 and out["alarms"][0]["step"] == 21
+    result = CliRunner().invoke(app, ["health", str(sick)])
+    assert result.exit_code == 1 and "search_collapse" in result.output
+
+    result = CliRunner().invoke(app, ["health", str(tmp_path / "nowhere")])
+    assert result.exit_code != 0
+
+
+def test_trainer_warns_then_stops_with_a_checkpoint(world, tmp_path, varied_rewards):
+    # Thresholds every step crosses: nonfinite >= 0 fires at step 1, step_time >= 0 once it has a baseline.
+    warn = trainer.train(load_config(TrainConfig, None, _overrides(
+        world, tmp_path / "warn", "health.nonfinite.threshold=0", "stage1.steps=2", "stage2.enabled=false")))
+    records = read_metrics(warn)
+    assert {"health_search_collapse", "health_nonfinite", "echo_rate", "flat_groups"} <= set(records[0])
+    assert records[0]["health_nonfinite"] == 0.0
+    alarms = [json.loads(line) for line in (warn / ALARMS_FILE).read_text().splitlines()]
+    assert [(a["monitor"], a["step"], a["action"]) for a in alarms] == [("nonfinite", 1, "warn")]
+
+    stopped = tmp_path / "stop"
+    cfg = load_config(TrainConfig, None, _overrides(
+        world, stopped, "health.nonfinite.threshold=0", "health.nonfinite.action=stop", "logging.checkpoint_every=0"))
+    with pytest.raises(HealthStop, match="nonfinite stopped the run at step 1"):
+        trainer.train(cfg)
+    assert latest_checkpoint(stopped).name == "step_0001" and len(read_metrics(stopped)) == 1
+    assert CliRunner().invoke(app, ["health", str(stopped)]).exit_code == 1  # the run's own thresholds
