@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from test_trainer import _overrides
 from typer.testing import CliRunner
 
 from searchrl.cli import app
@@ -18,8 +19,6 @@ from searchrl.rl.checkpoint import latest_checkpoint
 from searchrl.rl.config import TrainConfig
 from searchrl.rl.health import ALARMS_FILE, HealthConfig, HealthStop, echoes, scan
 from searchrl.runlog import read_metrics
-
-from test_trainer import _overrides
 
 DEMO = Path(__file__).parent / "data" / "demo_metrics.jsonl"  # the demo's healthy run (fresh clone)
 

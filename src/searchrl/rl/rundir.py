@@ -26,8 +26,8 @@ from typing_extensions import Self
 from searchrl.errors import SearchRLError
 from searchrl.rl import checkpoint as ckpt
 from searchrl.rl.config import TrainConfig
-from searchrl.rl.integrity import verify_checksums
 from searchrl.rl.health import trim_alarms
+from searchrl.rl.integrity import verify_checksums
 from searchrl.runlog import METRICS_FILE, truncate_metrics
 
 LOCK_FILE = "run.lock"

@@ -28,8 +28,8 @@ from searchrl.rl import checkpoint as ckpt
 from searchrl.rl import rundir
 from searchrl.rl.actor import Actor
 from searchrl.rl.config import TrainConfig
-from searchrl.rl.health import HealthStop, HealthWatch, report
 from searchrl.rl.distributed import Dist, close_distributed, init_distributed
+from searchrl.rl.health import HealthStop, HealthWatch, report
 from searchrl.rl.preflight import preflight
 from searchrl.rl.rollout_worker import RolloutWorker
 from searchrl.rl.sampler import PromptSampler
