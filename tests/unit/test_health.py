@@ -49,6 +49,24 @@ def test_search_best_is_per_stage():
     assert _fired(records) == []
 
 
+def test_format_collapse_of_a_demo_stage_2_is_flagged():
+    # Stage 2 of a demo run at a constant learning rate: one update sent every rollout to a third
+    # search past max_searches (format 0, all rewards -2) and it never recovered.
+    fmt = [1.0, 0.79, 0.96, 0.96, 1.0, 0.71, 0.0, 0.0, 0.0]
+    assert _fired(_series("format_ok", fmt, stage=2)) == [("format_collapse", 7)]  # (0.71 + 0) / 2 <= 0.5
+    assert _fired(_series("format_ok", [0.94, 1.0, 0.44, 0.62, 0.94, 1.0])) == []  # a dip it recovered from
+    assert _fired(_series("format_ok", [0.0, 0.0, 0.0])) == []  # never learned is not a collapse
+
+
+def test_step_time_compares_steps_that_updated():
+    # The demo's Stage 1 (another run): two steps with equal rewards skip the update, then one updates.
+    times, updates = [76.3, 75.1, 125.5, 16.4, 16.8, 68.1], [1, 1, 1, 0, 0, 1]
+    records = [{"stage": 1, "step": i + 1, "step_seconds": t, "updates": u} for i, (t, u) in enumerate(zip(times, updates))]
+    assert _fired(records) == []
+    records.append({"stage": 1, "step": 7, "step_seconds": 400.0, "updates": 1})
+    assert _fired(records) == [("step_time", 7)]  # 400 / median(75.1, 125.5, 68.1) >= 4
+
+
 def test_answer_echo_fires_on_the_window_mean():
     records = _series("echo_rate", [0.0, None, 0.1, 0.2, 0.5, 0.6])
     assert _fired(records) == [("answer_echo", 5)]  # (0.2 + 0.5) / 2 >= 0.3
