@@ -12,6 +12,10 @@ from pathlib import Path
 from searchrl.data.textio import iter_json_lines
 
 METRICS_FILE = "metrics.jsonl"
+# What the health monitors write beside it (`searchrl.rl.health`, `searchrl.rl.rollback`).
+ALARMS_FILE = "alarms.jsonl"
+ROLLBACKS_FILE = "rollbacks.jsonl"
+ROLLED_BACK_FILE = "metrics.rolled_back.jsonl"  # the step records a rollback abandoned
 
 # The one-line console summary: (metrics key, label, format).
 _SUMMARY = (
@@ -33,6 +37,12 @@ def read_metrics(run_dir: Path) -> list[dict]:
     if not path.is_file():
         return []
     return [rec for _, rec in iter_json_lines(path, on_torn_tail=_note)]
+
+
+def read_events(run_dir: Path, name: str) -> list[dict]:
+    """The records of one of a run's other jsonl files (`ALARMS_FILE`, ...); none when absent."""
+    path = Path(run_dir) / name
+    return [rec for _, rec in iter_json_lines(path, on_torn_tail=_note)] if path.is_file() else []
 
 
 def _note(message: str) -> None:

@@ -17,8 +17,8 @@ from searchrl.config import load_config
 from searchrl.rl import trainer
 from searchrl.rl.checkpoint import latest_checkpoint
 from searchrl.rl.config import TrainConfig
-from searchrl.rl.health import ALARMS_FILE, HealthConfig, HealthStop, echoes, scan
-from searchrl.runlog import read_metrics
+from searchrl.rl.health import HealthConfig, HealthStop, echoes, scan
+from searchrl.runlog import ALARMS_FILE, read_metrics
 
 DEMO = Path(__file__).parent / "data" / "demo_metrics.jsonl"  # the demo's healthy run (fresh clone)
 

@@ -53,3 +53,25 @@ def test_plot_skips_a_torn_last_line_with_a_note(tmp_path, capsys):
     assert result.exit_code == 0, result.output
     assert "metrics.jsonl:9: the last line is cut off" in result.stderr
     assert (run / "plots" / "training_curves.png").is_file()
+
+
+def test_alarms_and_rolled_back_steps_are_marked(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    run = _run(tmp_path)
+    (run / "alarms.jsonl").write_text(json.dumps({"monitor": "answer_echo", "stage": 2, "step": 7}) + "\n")
+    (run / "rollbacks.jsonl").write_text(json.dumps({"rollback": 1, "monitor": "search_collapse", "step": 6, "to_step": 4}) + "\n")
+    with (run / "metrics.rolled_back.jsonl").open("w") as fh:
+        for step in (5, 6):
+            fh.write(json.dumps({"stage": 2, "step": step, "rollback": 1, "searches": 0.0, "reward": -1.0}) + "\n")
+    drawn = []
+    real_axvline, real_plot = matplotlib.axes.Axes.axvline, matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "axvline",
+                        lambda ax, x, **kw: drawn.append(("vline", x, kw.get("color"))) or real_axvline(ax, x, **kw))
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot",
+                        lambda ax, *a, **kw: drawn.append(("plot", a[:2], kw.get("color"))) or real_plot(ax, *a, **kw))
+    plot_run(run)
+    per_figure = len(CURVES) * 2  # one PNG per curve and the grid
+    assert drawn.count(("vline", 7, "tab:red")) == per_figure
+    assert drawn.count(("plot", ((5, 6), (0.0, 0.0)), "gray")) == 2  # searches: its own PNG and the grid
+    assert drawn.count(("plot", (6, 0.0), "tab:red")) == 2  # the cross where the alarm rolled it back

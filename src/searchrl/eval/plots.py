@@ -1,6 +1,8 @@
 """Training curves of a run, in the style of the paper's training-dynamics figures: reward,
 response length, searches per rollout, format-ok rate and answer F1 against the step, both stages
-on one axis with the stage boundary marked. Reads only `metrics.jsonl`; draws with matplotlib Agg.
+on one axis with the stage boundary marked. Health alarms are marked where they fired (red
+dotted lines), and the steps a rollback abandoned are drawn grey and dashed, ending in a cross at
+the alarm. Reads the run's jsonl files only (metrics, alarms, rollbacks); matplotlib Agg.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from itertools import pairwise
 from pathlib import Path
 
 from searchrl.errors import SearchRLError
-from searchrl.runlog import read_metrics
+from searchrl.runlog import ALARMS_FILE, ROLLBACKS_FILE, ROLLED_BACK_FILE, read_events, read_metrics
 
 # (metrics key, title, y label)
 CURVES = (
@@ -31,6 +33,17 @@ def _smooth(values: list[float], window: int) -> list[float]:
             total -= values[i - window]
         out.append(total / min(i + 1, window))
     return out
+
+
+def _draw_health(ax, key: str, alarms: list[dict], rollbacks: list[dict], abandoned: list[dict]) -> None:
+    for i, alarm in enumerate(alarms):
+        ax.axvline(alarm["step"], color="tab:red", linestyle=":", linewidth=1.2, label="health alarm" if i == 0 else None)
+    for i, rb in enumerate(rollbacks):
+        pts = [(r["step"], r[key]) for r in abandoned if r.get("rollback") == rb["rollback"] and r.get(key) is not None]
+        if pts:
+            steps, values = zip(*pts)
+            ax.plot(steps, values, color="gray", linestyle="--", linewidth=1, label="rolled back" if i == 0 else None)
+            ax.plot(steps[-1], values[-1], "x", color="tab:red")
 
 
 def _draw(ax, records: list[dict], key: str, title: str, ylabel: str, window: int) -> None:
@@ -70,11 +83,13 @@ def plot_run(run_dir: Path, out: Path | None = None, window: int | None = None) 
     out = Path(out) if out is not None else run_dir / "plots"
     out.mkdir(parents=True, exist_ok=True)
     window = window or max(1, len(records) // 10)
+    health = [read_events(run_dir, name) for name in (ALARMS_FILE, ROLLBACKS_FILE, ROLLED_BACK_FILE)]
     written = []
     fig_all, axes = plt.subplots(1, len(CURVES), figsize=(4.2 * len(CURVES), 3.6))
     for ax_all, (key, title, ylabel) in zip(axes, CURVES):
         fig, ax = plt.subplots(figsize=(5, 3.6))
         _draw(ax, records, key, title, ylabel, window)
+        _draw_health(ax, key, *health)
         ax.legend(loc="best", fontsize=8)
         fig.tight_layout()
         path = out / f"{key}.png"
@@ -82,6 +97,7 @@ def plot_run(run_dir: Path, out: Path | None = None, window: int | None = None) 
         plt.close(fig)
         written.append(path)
         _draw(ax_all, records, key, title, ylabel, window)
+        _draw_health(ax_all, key, *health)
     axes[0].legend(loc="best", fontsize=8)
     fig_all.suptitle(run_dir.name)
     fig_all.tight_layout()

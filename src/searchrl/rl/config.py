@@ -15,8 +15,8 @@ from pydantic import Field, field_validator, model_validator
 from searchrl.config import StrictModel
 from searchrl.protocol import ProtocolConfig
 from searchrl.retrieval import RetrievalConfig
-from searchrl.rl.health import HealthConfig
 from searchrl.rewards import RewardConfig
+from searchrl.rl.health import HealthConfig
 from searchrl.rollout.config import RolloutConfig
 
 

@@ -28,19 +28,26 @@ from pydantic import Field, model_validator
 from searchrl.config import StrictModel
 from searchrl.errors import SearchRLError
 from searchrl.metrics import normalize_answer
-
-ALARMS_FILE = "alarms.jsonl"
+from searchrl.runlog import ALARMS_FILE
 
 
 class MonitorConfig(StrictModel):
     """One monitor: what it does when it fires, its threshold and its window of steps."""
 
-    action: Literal["warn", "stop", "off"] = Field(
+    action: Literal["warn", "stop", "rollback", "off"] = Field(
         "warn", description="warn: a console line and a line in the run's alarms.jsonl; stop: that, then a checkpoint "
-        "and the run ends with the alarm as its error; off: not computed.",
+        "and the run ends with the alarm as its error; rollback: back to the last checkpoint before the window, "
+        "with a lower learning rate and new sampling seeds (see health.rollback); off: not computed.",
     )
     threshold: float = Field(..., description="Where the monitor fires (see the monitor's own description).")
     window: int = Field(..., ge=1, description="Steps the monitor averages over (or, for spikes, the baseline's steps).")
+
+
+class RollbackConfig(StrictModel):
+    """What the `rollback` action does (`searchrl.rl.rollback`)."""
+
+    lr_factor: float = Field(0.5, gt=0, le=1, description="Each rollback multiplies the learning rate by this.")
+    max_rollbacks: int = Field(2, ge=0, description="Rollbacks a run may take; past them a rollback alarm stops the run.")
 
 
 def _monitor(threshold: float, window: int, what: str):
@@ -74,6 +81,10 @@ class HealthConfig(StrictModel):
         1, 1, "How many of loss, gradient norm, KL, entropy, log-prob mismatch and reward are NaN/Inf; fires at or above threshold.")
     step_time: MonitorConfig = _monitor(
         4.0, 3, "step_seconds against the median of the window's earlier steps; fires at or above threshold.")
+    rollback: RollbackConfig = Field(default_factory=RollbackConfig, description="Settings of the rollback action.")
+
+    def monitors(self) -> dict[str, MonitorConfig]:
+        return {name: getattr(self, name) for name in MONITORS}
 
     @model_validator(mode="before")
     @classmethod
@@ -189,7 +200,7 @@ MONITORS: dict[str, Monitor] = {
     "entropy_collapse": entropy_collapse, "flat_groups": flat_groups, "logprob_mismatch": logprob_mismatch,
     "nonfinite": nonfinite, "step_time": step_time,
 }
-assert set(MONITORS) == set(HealthConfig.model_fields), "every monitor has a config field and back"
+assert set(MONITORS) == set(HealthConfig.model_fields) - {"rollback"}, "every monitor has a config field and back"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -324,7 +335,7 @@ def health_command(run_dir: Path, as_json: bool) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from searchrl.runlog import METRICS_FILE, read_metrics
+    from searchrl.runlog import METRICS_FILE, ROLLBACKS_FILE, read_events, read_metrics
 
     if not (Path(run_dir) / METRICS_FILE).is_file():
         raise SearchRLError(f"{run_dir}: no {METRICS_FILE}; give the run directory of `searchrl train`")
@@ -332,17 +343,23 @@ def health_command(run_dir: Path, as_json: bool) -> int:
     section = (yaml.safe_load(config.read_text()) or {}).get("health") if config.is_file() else None
     records = read_metrics(run_dir)
     alarms = scan(records, HealthConfig.model_validate(section or {}))
+    # The alarms that rolled the run back are not in the kept records any more: listed apart.
+    rollbacks = read_events(run_dir, ROLLBACKS_FILE)
     if as_json:
-        print(json.dumps({"run": str(run_dir), "steps": len(records), "healthy": not alarms,
-                          "alarms": [a.to_dict() for a in alarms]}))
-    elif not alarms:
+        print(json.dumps({"run": str(run_dir), "steps": len(records), "healthy": not alarms and not rollbacks,
+                          "alarms": [a.to_dict() for a in alarms], "rollbacks": rollbacks}))
+    elif not alarms and not rollbacks:
         Console().print(f"{run_dir}: healthy ({len(records)} steps, {len(MONITORS)} monitors)", highlight=False)
     else:
-        table = Table("monitor", "stage", "step", "value", "threshold", "action", "message", title=f"{run_dir}: {len(alarms)} alarm(s)")
+        table = Table("monitor", "stage", "step", "value", "threshold", "action", "message",
+                      title=f"{run_dir}: {len(alarms)} alarm(s), {len(rollbacks)} rollback(s)")
         for a in alarms:
             table.add_row(a.monitor, str(a.stage), str(a.step), f"{a.value:.3g}", f"{a.threshold:g}", a.action, a.message)
+        for r in rollbacks:
+            table.add_row(r["monitor"], str(r["stage"]), str(r["step"]), f"{r['value']:.3g}", f"{r['threshold']:g}",
+                          f"rollback {r['rollback']}", f"{r['message']}; back to step {r['to_step']}, lr x{r['lr_scale']:g}")
         Console().print(table)
-    return 1 if alarms else 0
+    return 1 if alarms or rollbacks else 0
 
 
 def _message(name: str, value: float, cfg: MonitorConfig) -> str:

@@ -25,7 +25,7 @@ from searchrl.config import dump_config
 from searchrl.errors import SearchRLError
 from searchrl.protocol import Protocol
 from searchrl.rl import checkpoint as ckpt
-from searchrl.rl import rundir
+from searchrl.rl import rollback, rundir
 from searchrl.rl.actor import Actor
 from searchrl.rl.config import TrainConfig
 from searchrl.rl.distributed import Dist, close_distributed, init_distributed
@@ -34,13 +34,14 @@ from searchrl.rl.preflight import preflight
 from searchrl.rl.rollout_worker import RolloutWorker
 from searchrl.rl.sampler import PromptSampler
 from searchrl.rl.step import StepIndex, train_step
-from searchrl.runlog import RunLogger, read_metrics
+from searchrl.runlog import ROLLBACKS_FILE, RunLogger, read_events, read_metrics
 
 
-def step_seed(seed: int, stage: int, step: int, rank: int = 0) -> int:
+def step_seed(seed: int, stage: int, step: int, rank: int = 0, rollbacks: int = 0) -> int:
     """Sampling seed of one step (and rank, for ranks past 0): fixed by (seed, stage, step), so a
-    resumed run samples the same."""
-    return int(np.random.SeedSequence([seed, stage, step] + ([rank] if rank else [])).generate_state(1)[0])
+    resumed run samples the same; a run that rolled back samples anew."""
+    extra = ([rank] if rank or rollbacks else []) + ([rollbacks] if rollbacks else [])
+    return int(np.random.SeedSequence([seed, stage, step, *extra]).generate_state(1)[0])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -88,8 +89,13 @@ def train(cfg: TrainConfig, resume: Path | None = None, stages: list[int] | None
     d, device = init_distributed(cfg.device)
     try:
         run_dir = d.broadcast(rundir.run_dir_for(cfg, resume) if d.main else None)  # a dated name, once
+        cfg = cfg.model_copy(update={"out": str(run_dir), "device": device})
         with rundir.RunLock(run_dir) if d.main else contextlib.nullcontext():
-            return _train(cfg.model_copy(update={"out": str(run_dir), "device": device}), resume, stages, d)
+            while True:
+                try:
+                    return _train(cfg, resume, stages, d)
+                except rollback.RollbackRequested:
+                    resume = run_dir  # go on from the checkpoint the rollback kept
     finally:
         close_distributed(d)
 
@@ -113,6 +119,10 @@ def _train(cfg: TrainConfig, resume: Path | None, stages: list[int] | None, d: D
     prepared = preflight(cfg, plan[first:], str(state_dir or cfg.model))
     if d.main:
         dump_config(cfg, run_dir / "config.yaml")  # after the checks: a rejected config never replaces the run's
+    rollbacks = d.broadcast(len(read_events(run_dir, ROLLBACKS_FILE)) if d.main else None)
+    if rollbacks:  # after dump_config: config.yaml keeps the configured rate, resume scales it again
+        alg = cfg.algorithm
+        cfg = cfg.model_copy(update={"algorithm": alg.model_copy(update={"lr": alg.lr * rollback.lr_scale(cfg.health, rollbacks)})})
     actor = Actor.load(cfg, state_dir, lora_resume=bool(state and state.lora), dist=d)
     if state is not None:
         ckpt.set_rng_state(ckpt.load_rng(state_dir, state, d.rank))
@@ -132,19 +142,24 @@ def _train(cfg: TrainConfig, resume: Path | None, stages: list[int] | None, d: D
                               (state_dir, state) if resuming else None)
             for k in range(start_step, stage_cfg.steps):
                 step = offsets[stage] + k + 1
-                at = StepIndex(stage, step, k, step_seed(cfg.seed, stage, step, d.rank))
+                at = StepIndex(stage, step, k, step_seed(cfg.seed, stage, step, d.rank, rollbacks))
                 questions = d.rank_slice(sampler.take(stage_cfg.prompts_per_step))
                 record, samples = train_step(actor, worker, stage_cfg, questions, at, cfg.logging.progress and d.main)
                 metrics_lines += 1
-                stop = None
+                stop = rolled = None
                 if d.main:
                     values, alarms = watch.observe(record)
                     record.update({f"health_{name}": v for name, v in values.items()})
                     logger.log(record)
                     _write_samples(run_dir, step, samples, cfg)
                     report(run_dir, alarms)
-                    stop = next((a for a in alarms if a.action == "stop"), None)
-                stop = d.broadcast(stop)  # every rank saves and ends together
+                    stop, rolled = rollback.respond(run_dir, alarms, cfg.health, rollbacks)
+                stop, rolled = d.broadcast((stop, rolled))  # every rank saves and ends, or rolls back, together
+                if rolled:
+                    print(f"health: {rolled['monitor']} fired at step {step}: rolled back to step {rolled['to_step']}, "
+                          f"learning rate x{rolled['lr_scale']:g} (rollback {rolled['rollback']} of "
+                          f"{cfg.health.rollback.max_rollbacks}; {run_dir}/{ROLLBACKS_FILE})", flush=True)
+                    raise rollback.RollbackRequested(f"rolled back to step {rolled['to_step']}")
                 if cfg.debug_crash_after_step == step:  # dies as a kill would: logged, not saved
                     raise RuntimeError(f"debug_crash_after_step={step}: simulated crash")
                 last = k + 1 == stage_cfg.steps
@@ -157,13 +172,15 @@ def _train(cfg: TrainConfig, resume: Path | None, stages: list[int] | None, d: D
                         metrics_lines=metrics_lines, stage_ends=stage_ends, lora=cfg.algorithm.lora.enabled, world_size=d.world,
                     ), export=last)
                     if d.main:
-                        ckpt.prune(run_dir, cfg.logging.keep_last, protected=set(stage_ends.values()))
+                        keep = rollback.protected_for_rollback(run_dir, step, rollback.rollback_window(cfg.health))
+                        ckpt.prune(run_dir, cfg.logging.keep_last, protected=set(stage_ends.values()) | keep)
                 if stop:
                     raise HealthStop(
                         f"health monitor {stop.monitor} stopped the run at step {step}: {stop.message} "
                         f"(value {stop.value:.3g}, threshold {stop.threshold:g}; every alarm is in {run_dir}/alarms.jsonl). "
                         f"Checkpoint {ckpt.checkpoint_name(step)} is saved: `searchrl train --resume {run_dir}` goes on "
                         f"(this alarm does not fire again until {stop.monitor} falls quiet), or set health.{stop.monitor}.action=warn"
+                        + (f"; it had already rolled back {rollbacks} time(s), health.rollback.max_rollbacks" if stop.action == "rollback" else "")
                     )
             actor.end_stage()
     finally:
