@@ -19,7 +19,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-data_app = typer.Typer(help="Datasets: the toy world, benchmark loaders, the local corpus.", no_args_is_help=True)
+data_app = typer.Typer(help="Datasets: the toy world, benchmark loaders, the local corpus, difficulty selection, training-set composition.", no_args_is_help=True)
 index_app = typer.Typer(help="Build and inspect retrieval indexes (BM25, dense FAISS).", no_args_is_help=True)
 eval_app = typer.Typer(help="Evaluate models and score prediction files.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
@@ -100,6 +100,47 @@ def data_localwiki(
     from searchrl.data.catalog import localwiki_command
 
     localwiki_command(Path(out))
+
+
+@data_app.command("select")
+def data_select(
+    dataset: str | None = typer.Option(None, "--dataset", help="Candidate questions: catalog name, question file or hf:NAME. Default toyworld:train."),
+    model: str | None = typer.Option(None, "--model", help="Reference model sampling the rollouts: smollm2-135m (default), tiny-random, a folder or a hub id."),
+    backend: str | None = typer.Option(None, "--backend", help="rollout.backend: hf (default) or vllm."),
+    index: str | None = typer.Option(None, "--index", help="retrieval.index: catalog index or index directory (default toyworld)."),
+    retriever_url: str | None = typer.Option(None, "--retriever-url", help="retrieval.url: retrieval server URL, instead of --index (add retrieval.index=null to a config's)."),
+    tags: str | None = typer.Option(None, "--tags", help="protocol.tags: r1searcher (default) or search-r1 (what tiny models follow)."),
+    template: str | None = typer.Option(None, "--template", help="protocol.template: base (default), chat, fewshot, oneshot, fewshot-chat or a file."),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="Only the first N questions."),
+    per_round: int | None = typer.Option(None, "--per-round", min=1, help="rollouts_per_round: rollouts per question per round (default 8)."),
+    max_rollouts: int | None = typer.Option(None, "--max-rollouts", min=1, help="max_rollouts: cap per question; none correct within it = unsolved (default 32)."),
+    metric: str | None = typer.Option(None, "--metric", help="metric: em, f1, cem (cover-EM, default) or cem_substr; correct when >= min_score (--set min_score=0.8)."),
+    seed: int | None = typer.Option(None, "--seed", help="seed: sampling seed of the rounds (default 0)."),
+    out: str | None = typer.Option(None, "--out", help="Output folder (running again with it resumes)."),
+    config: str | None = typer.Option(None, "--config", help="YAML file of SelectConfig fields (configs/data/select-toyworld-cpu.yaml); flags given here win over it."),
+    overrides: list[str] | None = typer.Option(None, "--set", help="key=value override of a SelectConfig field, nested with dots: rollout.k=3 (repeatable)."),
+) -> None:
+    """Bucket questions Easy / Medium / Difficult by the rollouts a reference model needs to answer them (paper §4.1); resumable."""
+    from searchrl.data.select import select_command
+
+    flags = {"dataset": dataset, "model": model, "rollout.backend": backend, "retrieval.index": index,
+             "retrieval.url": retriever_url, "protocol.tags": tags, "protocol.template": template, "limit": limit,
+             "rollouts_per_round": per_round, "max_rollouts": max_rollouts, "metric": metric, "seed": seed, "out": out}
+    select_command(config, overrides or [], flags)
+
+
+@data_app.command("compose")
+def data_compose(
+    take: list[str] | None = typer.Option(None, "--take", help="A part: DATASET[=COUNT] (a bucket file such as runs/select/medium.jsonl, any question file or catalog name; COUNT drawn at random, all without it). Repeatable; replaces the config's parts."),
+    out: str | None = typer.Option(None, "--out", help="Question file (.jsonl) to write; use it as a stage's dataset."),
+    seed: int | None = typer.Option(None, "--seed", help="seed: which questions are drawn and their order (default 0)."),
+    config: str | None = typer.Option(None, "--config", help="YAML file of ComposeConfig fields: parts (dataset, count, question_types, sources), seed, shuffle, out."),
+    overrides: list[str] | None = typer.Option(None, "--set", help="key=value override of a ComposeConfig field (repeatable)."),
+) -> None:
+    """Compose a training set from buckets and sources in given counts (paper: Stage 1 = 200 HotpotQA + 150 2Wiki Medium)."""
+    from searchrl.data.compose import compose_command
+
+    compose_command(config, overrides or [], take or [], {"out": out, "seed": seed})
 
 
 @eval_app.command("retrieval")

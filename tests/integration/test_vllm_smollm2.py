@@ -174,6 +174,23 @@ def test_cli_eval_run_and_ask_use_the_vllm_backend(vllm_backend, tmp_path, monke
     assert built == [("vllm", "smollm2-135m"), ("vllm", "smollm2-135m")]
 
 
+def test_cli_data_select_uses_the_vllm_backend(vllm_backend, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from searchrl.cli import app
+
+    monkeypatch.setattr(backend_module, "make_backend", lambda name, model, **kw: vllm_backend)
+    monkeypatch.setattr(vllm_backend, "close", lambda: None)  # the module's engine outlives the command
+    args = ["data", "select", "--backend", "vllm", "--dataset", "toyworld:test", "--limit", "2", "--per-round", "2",
+            "--max-rollouts", "2", "--tags", "search-r1", "--template", "oneshot", "--out", str(tmp_path),
+            "--set", "rollout.max_new_tokens=32", "--set", "rollout.k=1", "--set", "rollout.temperature=0.7"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["questions"] == 2 and sum(summary["buckets"].values()) == 2
+    assert summary["rollouts_sampled"] == 4 and summary["rounds"] == 1
+
+
 def sequence_logprobs(model, prompt, response) -> torch.Tensor:
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1].float()

@@ -122,10 +122,11 @@ _FREE_TO_CHANGE = ("out", "retrieval.retry.", "retrieval.web.retry.", "retrieval
                    "judge.workers", "judge.max_retries", "judge.backoff_s", "judge.timeout_s")
 
 
-def check_same_config(run_dir: Path, saved: dict, wanted: dict) -> None:
-    """Refuse to resume with settings that would give other predictions than the run began with."""
+def check_same_config(run_dir: Path, saved: dict, wanted: dict, free: tuple[str, ...] = _FREE_TO_CHANGE) -> None:
+    """Refuse to resume with settings that would give other predictions than the run began with;
+    keys starting with one of `free` may change."""
     old, new = _flat(saved), _flat(wanted)
-    changed = [k for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k) and not k.startswith(_FREE_TO_CHANGE)]
+    changed = [k for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k) and not k.startswith(free)]
     if changed:
         shown = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed[:4])
         raise SearchRLError(
