@@ -11,6 +11,7 @@ from searchrl.errors import SearchRLError
 from searchrl.protocol import Protocol
 from searchrl.retrieval.base import Retriever
 from searchrl.rl.config import TrainConfig
+from searchrl.rl.sft import gold_examples
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,5 @@ def preflight(cfg: TrainConfig, stages: list[int], model: str) -> Prepared:
         raise SearchRLError(f"{where}: {exc}") from None
     for s in stages:
         if cfg.stage(s).kind == "sft":
-            from searchrl.rl.sft import gold_examples
-
             questions[s] = gold_examples(questions[s], retriever, cfg.rollout, f"stage{s}")
     return Prepared(questions, retriever)
