@@ -23,6 +23,7 @@ _SUMMARY = (
     ("search_rate", "search", "{:.2f}"),
     ("format_ok", "format", "{:.2f}"),
     ("answer_f1", "f1", "{:.3f}"),
+    ("sft_loss", "sft loss", "{:.3f}"),
     ("response_tokens", "tokens", "{:.0f}"),
     ("kl", "kl", "{:.4f}"),
     ("web_requests", "web requests", "{:.0f}"),

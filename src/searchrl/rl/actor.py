@@ -26,7 +26,14 @@ from searchrl.rl.batch import RolloutBatch, group_chunks, group_order
 from searchrl.rl.config import TrainConfig
 from searchrl.rl.distributed import LOCAL, Dist
 from searchrl.rl.logprobs import batched_logprobs, idle_pass, micro_logprobs
-from searchrl.rl.losses import LOSS_AGGREGATIONS, PolicyLossStats, kl_loss, loss_units, policy_loss
+from searchrl.rl.losses import (
+    LOSS_AGGREGATIONS,
+    PolicyLossStats,
+    kl_loss,
+    loss_units,
+    policy_loss,
+    sft_loss,
+)
 from searchrl.rl.policy import (
     Reference,
     autocast,
@@ -88,6 +95,10 @@ class _Accumulator:
             ratio_mean=self.ratio_mean / per_token if self.tokens else 1.0,
             grad_norm=float(np.mean(self.grad_norms)) if n else 0.0, updates=n, lr=lr,
         )
+
+
+# SFT trains on written tokens, not on samples of an old policy: no ratio, nothing clipped.
+_NO_RATIO = PolicyLossStats(clip_frac=0.0, approx_kl=0.0, ratio_mean=1.0)
 
 
 class Actor:
@@ -180,19 +191,25 @@ class Actor:
             return 1.0 - (1 - alg.min_lr_ratio) * progress
         return 1.0
 
-    def update(self, batch: RolloutBatch, stage_step: int, stage_steps: int, shuffle: torch.Generator) -> UpdateStats:
+    def update(self, batch: RolloutBatch, stage_step: int, stage_steps: int, shuffle: torch.Generator,
+               objective: str = "rl") -> UpdateStats:
         """`ppo_epochs` passes of clipped updates over the batch in mini-batches, micro-batched
         with gradient accumulation. When `batch.old_logp` is None (one update per batch), each
         micro-batch's own first forward runs on the weights that sampled, so its detached
-        log-probs become the old ones (and its entropy the logged one)."""
+        log-probs become the old ones (and its entropy the logged one).
+
+        `objective="sft"`: the same passes minimise the masked NLL (`losses.sft_loss`, at
+        temperature 1) of written trajectories instead: no old log-probs or advantages, and rows
+        of different prompts share micro-batches (`pg_loss` then holds the NLL)."""
         alg = self.cfg.algorithm
+        sft = objective == "sft"
         n_mini = self.mini_batches(len(batch))
         per_step = alg.ppo_epochs * n_mini
-        old_from_update = batch.old_logp is None
+        old_from_update = not sft and batch.old_logp is None
         if old_from_update:
             batch.old_logp, batch.entropy = torch.zeros_like(batch.sample_logp), torch.zeros_like(batch.sample_logp)
         # Nothing to learn when every advantage of every rank is 0 and no other term has a gradient.
-        has_signal = self.dist.any(bool(batch.advantages.abs().sum() > 0)) or alg.entropy_coef > 0 or self._k3_kl(batch)
+        has_signal = sft or self.dist.any(bool(batch.advantages.abs().sum() > 0)) or alg.entropy_coef > 0 or self._k3_kl(batch)
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         acc = _Accumulator()
         for epoch in range(alg.ppo_epochs):
@@ -204,10 +221,15 @@ class Actor:
                     continue  # no policy token, or nothing to learn from
                 self.optimizer.zero_grad(set_to_none=True)
                 set_update_mode(self.model, alg.gradient_checkpointing)
-                chunks = [idx for idx in group_chunks(rows, batch.group_ids, alg.micro_batch_size) if bool(batch.mask[idx].any())]
+                # A group shares its prompt pass; SFT rows are each their own question.
+                split = torch.split(rows, alg.micro_batch_size) if sft else group_chunks(rows, batch.group_ids, alg.micro_batch_size)
+                chunks = [idx for idx in split if bool(batch.mask[idx].any())]
                 passes = self.dist.max_count(len(chunks))  # agreed before any rank's first forward
                 for idx in chunks:
-                    self._backward(batch, idx, units, old_from_update, acc)
+                    if sft:
+                        self._sft_backward(batch, idx, units, acc)
+                    else:
+                        self._backward(batch, idx, units, old_from_update, acc)
                 for _ in range(passes - len(chunks)):
                     idle_pass(self.model, backward=True)
                 norm = torch.nn.utils.clip_grad_norm_(params, alg.max_grad_norm or float("inf"))
@@ -237,6 +259,15 @@ class Actor:
             loss = loss - alg.entropy_coef * LOSS_AGGREGATIONS.get(alg.loss_agg)(ent, mb.mask, units)
         loss.backward()
         acc.add(float(pg_loss.detach()), stats, int(mb.mask.sum()))
+
+    def _sft_backward(self, batch: RolloutBatch, idx: torch.Tensor, units: int, acc: _Accumulator) -> None:
+        """Masked NLL and backward of the micro-batch `idx`, divided by its mini-batch's `units`."""
+        mb = batch.rows(idx)
+        with self.autocast():
+            logp, _ = micro_logprobs(self.model, mb, 1.0, share_prompt=False)
+        loss = sft_loss(logp, mb.mask, self.cfg.algorithm.loss_agg, units)
+        loss.backward()
+        acc.add(float(loss.detach()), _NO_RATIO, int(mb.mask.sum()))
 
     def _k3_kl(self, batch: RolloutBatch) -> bool:
         return self.cfg.algorithm.kl_kind == "k3-loss" and batch.ref_logp is not None

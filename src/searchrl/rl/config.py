@@ -91,6 +91,12 @@ class StageConfig(StrictModel):
     """One training stage: its data, its reward and its length."""
 
     enabled: bool = Field(True, description="Run this stage (stage1.enabled=false is the skip-Stage-1 ablation).")
+    kind: Literal["rl", "sft"] = Field(
+        "rl", description="rl: outcome-reward RL on the policy's own rollouts (the method). sft: the paper's SFT baseline "
+        "(Table 4): supervised fine-tuning on gold search trajectories written from each question's supporting passages "
+        "(searchrl.rollout.gold; needs supporting_ids and a local retrieval.index), masked as in RL, one per question "
+        "(samples_per_prompt: 1), with the same optimizer, schedule and batches; the reward is not used.",
+    )
     dataset: str = Field("toyworld:train", description="Training questions: catalog name (r1s-stage1, toyworld:train, ...), a file, or hf:NAME.")
     question_types: list[str] | None = Field(
         None, description="Train only on questions of these types (Question.type: e.g. comparison, bridge-2hop; 2Wiki's "
@@ -158,6 +164,11 @@ class TrainConfig(StrictModel):
     def _check(self) -> TrainConfig:
         if self.rollout.greedy:
             raise ValueError("rollout.greedy must be false for training: a group of identical samples has no baseline signal")
+        for n in (1, 2):
+            stage = self.stage(n)
+            if stage.kind == "sft" and stage.samples_per_prompt != 1:
+                raise ValueError(f"stage{n}.kind is sft: set stage{n}.samples_per_prompt=1 (a question's gold trajectory is "
+                                 "one fixed sequence; copies would only weigh it more)")
         return self
 
     @field_validator("retrieval")

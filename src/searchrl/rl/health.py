@@ -179,7 +179,7 @@ def logprob_mismatch(records: Sequence[dict], cfg: MonitorConfig) -> Reading:
 
 
 # A NaN in any of these poisons the weights (loss, gradients) or shows they already are (log-probs).
-NONFINITE_KEYS = ("pg_loss", "kl_loss", "grad_norm", "kl", "entropy", "logprob_mismatch", "reward")
+NONFINITE_KEYS = ("pg_loss", "sft_loss", "kl_loss", "grad_norm", "kl", "entropy", "logprob_mismatch", "reward")
 
 
 def nonfinite(records: Sequence[dict], cfg: MonitorConfig) -> Reading:

@@ -1,4 +1,5 @@
-"""Losses of the policy update (SPEC §4): PPO clipped surrogate, KL to the reference, entropy.
+"""Losses of the policy update (SPEC §4): PPO clipped surrogate, KL to the reference, entropy;
+the masked NLL of the SFT baseline (SPEC §7).
 
 Notation for tensor shapes:
     B  rollouts in the batch (prompts × samples per prompt)
@@ -158,6 +159,25 @@ def policy_loss(
             ratio_mean=float(masked_mean(ratio, mask)),
         )
     return loss, stats
+
+
+# --- supervised fine-tuning ---------------------------------------------------------------
+
+
+def sft_loss(
+    logp: Tensor,  # [B, T] log-probs of the written tokens under the policy being trained
+    mask: Tensor,  # [B, T]
+    agg: str = "token-mean",
+    units: float | None = None,
+) -> Tensor:
+    """Negative log-likelihood of the policy tokens (scalar): −logp aggregated over mask == 1 by
+    `agg` with `units` as its denominator, as in `policy_loss`.
+
+    The SFT baseline (R1-Searcher Table 4) trains on correct search trajectories with the loss
+    mask of RL: the inserted documents are read, never learned. On policy tokens its gradient
+    equals the clipped loss's with advantage 1 and unchanged weights.
+    """
+    return LOSS_AGGREGATIONS.get(agg)(-logp, mask, units)
 
 
 # --- KL to the reference model -------------------------------------------------------------

@@ -11,13 +11,14 @@ from searchrl.errors import SearchRLError
 from searchrl.protocol import Protocol
 from searchrl.retrieval.base import Retriever
 from searchrl.rl.config import TrainConfig
+from searchrl.rl.sft import gold_examples
 
 
 @dataclass(frozen=True)
 class Prepared:
     """What the checks loaded, which the run then uses."""
 
-    questions: dict[int, list[Question]]  # stage -> its training questions
+    questions: dict[int, list]  # stage -> its training items: questions (kind rl), their gold paths (kind sft)
     retriever: Retriever
 
 
@@ -46,7 +47,8 @@ def stage_questions(stage_cfg, key: str) -> list[Question]:
 
 def preflight(cfg: TrainConfig, stages: list[int], model: str) -> Prepared:
     """Load the data of `stages`, render a prompt of each with `model`'s tokenizer (the model or
-    checkpoint the run loads next) and open (and query once) the retriever."""
+    checkpoint the run loads next) and open (and query once) the retriever; an SFT stage's
+    questions become their gold search paths (those that have one)."""
     from searchrl.assets import load_tokenizer
 
     questions = {s: stage_questions(cfg.stage(s), f"stage{s}") for s in stages}
@@ -63,4 +65,7 @@ def preflight(cfg: TrainConfig, stages: list[int], model: str) -> Prepared:
         retriever.search(["preflight"], 1)  # a server that is down fails now, not in the first rollout
     except SearchRLError as exc:
         raise SearchRLError(f"{where}: {exc}") from None
+    for s in stages:
+        if cfg.stage(s).kind == "sft":
+            questions[s] = gold_examples(questions[s], retriever, cfg.rollout, f"stage{s}")
     return Prepared(questions, retriever)

@@ -33,6 +33,7 @@ from searchrl.rl.health import HealthStop, HealthWatch, report
 from searchrl.rl.preflight import preflight
 from searchrl.rl.rollout_worker import RolloutWorker
 from searchrl.rl.sampler import PromptSampler
+from searchrl.rl.sft import sft_step
 from searchrl.rl.step import StepIndex, train_step
 from searchrl.runlog import ROLLBACKS_FILE, RunLogger, read_events, read_metrics
 
@@ -144,7 +145,8 @@ def _train(cfg: TrainConfig, resume: Path | None, stages: list[int] | None, d: D
                 step = offsets[stage] + k + 1
                 at = StepIndex(stage, step, k, step_seed(cfg.seed, stage, step, d.rank, rollbacks))
                 questions = d.rank_slice(sampler.take(stage_cfg.prompts_per_step))
-                record, samples = train_step(actor, worker, stage_cfg, questions, at, cfg.logging.progress and d.main)
+                step_fn = sft_step if stage_cfg.kind == "sft" else train_step  # sft: questions are gold paths
+                record, samples = step_fn(actor, worker, stage_cfg, questions, at, cfg.logging.progress and d.main)
                 metrics_lines += 1
                 stop = rolled = None
                 if d.main:

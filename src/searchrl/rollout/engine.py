@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from searchrl.data.trajectory import Segment, Trajectory
-from searchrl.data.types import Question
+from searchrl.data.types import Passage, Question
 from searchrl.errors import SearchRLError
 from searchrl.protocol import Protocol
 from searchrl.retrieval.base import Retriever
@@ -101,12 +101,7 @@ class RolloutEngine:
         """`n` rollouts per question (default `cfg.samples_per_question`), question-major:
         [q0 s0, q0 s1, ..., q1 s0, ...]. `prompts` default to the protocol's template."""
         n = n or self.cfg.samples_per_question
-        if prompts is None:
-            prompts = [self.protocol.prompt(q.question, self.backend.tokenizer) for q in questions]
-        if len(prompts) != len(questions):
-            raise ValueError(f"{len(prompts)} prompts for {len(questions)} questions")
-        prompt_ids = [self.backend.encode(p, prompt=True) for p in prompts]
-        self._check_prompt_lengths(questions, prompt_ids)
+        prompt_ids = self.prompt_ids(questions, prompts)
         items = [(q, ids) for q, ids in zip(questions, prompt_ids) for _ in range(n)]
         out: list[Trajectory] = []
         bar = None
@@ -119,6 +114,29 @@ class RolloutEngine:
         if bar is not None:
             bar.close()
         return out
+
+    def prompt_ids(self, questions: Sequence[Question], prompts: Sequence[str] | None = None) -> list[list[int]]:
+        """The token ids each question's rollouts start from: `prompts` (default: the protocol's
+        template) encoded as a sequence start, each checked to leave room in the context."""
+        if prompts is None:
+            prompts = [self.protocol.prompt(q.question, self.backend.tokenizer) for q in questions]
+        if len(prompts) != len(questions):
+            raise ValueError(f"{len(prompts)} prompts for {len(questions)} questions")
+        prompt_ids = [self.backend.encode(p, prompt=True) for p in prompts]
+        self._check_prompt_lengths(questions, prompt_ids)
+        return prompt_ids
+
+    def documents(self, passages: Sequence[Passage]) -> tuple[list[int], str]:
+        """The documents block of `passages` as the engine inserts it: its token ids (the block
+        tokenized on its own) and the text they decode to, which is what the model sees."""
+        block = self.protocol.format_documents(passages)
+        ids = self.backend.encode(block)
+        seen = self.backend.decode(ids)
+        if seen != block and not self._warned_roundtrip:
+            self._warned_roundtrip = True
+            log.warning("the tokenizer does not round-trip documents blocks; trajectories record "
+                        "the decoded text the model saw (first block: %r vs %r)", block[:80], seen[:80])
+        return ids, seen
 
     def _check_prompt_lengths(self, questions: Sequence[Question], prompt_ids: list[list[int]]) -> None:
         # A prompt that fills the context leaves no room to answer (and past the model's positions
@@ -194,21 +212,33 @@ class RolloutEngine:
             raise RuntimeError(f"retriever returned {len(results)} result lists for {len(queries)} queries")
         inserted = []
         for (i, query), passages in zip(searching, results):
-            r = rollouts[i]
-            block = self.protocol.format_documents(passages)
-            ids = self.backend.encode(block)
-            seen = self.backend.decode(ids)
-            if seen != block and not self._warned_roundtrip:
-                self._warned_roundtrip = True
-                log.warning("the tokenizer does not round-trip documents blocks; trajectories record "
-                            "the decoded text the model saw (first block: %r vs %r)", block[:80], seen[:80])
-            r.add("env", ids)
-            r.env_texts.append(seen)
-            r.queries.append(query)
-            r.retrieved_ids.append([p.id for p in passages])
-            r.ret_s += ret_s
-            inserted.append(ids)
+            rollouts[i].ret_s += ret_s
+            inserted.append(self._insert(rollouts[i], query, passages))
         self.backend.append([handles[i] for i, _ in searching], inserted)
+
+    def _insert(self, r: _Rollout, query: str, passages: Sequence[Passage]) -> list[int]:
+        """Append the documents block answering `query` to `r` (loss mask 0); returns its ids."""
+        ids, seen = self.documents(passages)
+        r.add("env", ids)
+        r.env_texts.append(seen)
+        r.queries.append(query)
+        r.retrieved_ids.append([p.id for p in passages])
+        return ids
+
+    def written(self, question: Question, prompt_ids: Sequence[int], texts: Sequence[str],
+                searches: Sequence[tuple[str, Sequence[Passage]]]) -> Trajectory:
+        """The trajectory this engine records when the policy writes `texts[0]` (ending with a
+        query), the environment answers `searches[0]` = (query, passages), the policy writes
+        `texts[1]`, ... and `texts[-1]` ends with the answer tag: each text tokenized on its own
+        (as a scripted policy's would be), log-probs 0. Gold trajectories for SFT are built so."""
+        if len(texts) != len(searches) + 1 or not texts[-1].endswith(self.tags.answer_close):
+            raise ValueError("give one text more than searches, the last ending with the answer tag")
+        r = _Rollout(question, list(prompt_ids), self.cfg.max_new_tokens, stop_reason="answer")
+        for i, text in enumerate(texts):
+            r.add("policy", self.backend.encode(text))
+            if i < len(searches):
+                self._insert(r, *searches[i])
+        return self._trajectory(r)
 
     def _trajectory(self, r: _Rollout) -> Trajectory:
         eos = self.backend.eos_token_ids

@@ -1,0 +1,120 @@
+"""The SFT baseline's training step (R1-Searcher Table 4: RL against supervised fine-tuning on
+correct search trajectories), run by the trainer for a stage with `kind: sft` in place of
+`step.train_step`: `build → prepare → update → record`.
+
+1. **build**: the step's gold paths become trajectories exactly as the rollout engine records
+   rollouts (`searchrl.rollout.gold`): same prompt ids, documents inserted by the engine's code;
+2. **prepare**: one padded batch, loss mask 1 on what the agent writes, 0 on prompt, documents
+   and padding;
+3. **update**: the actor's update with the masked NLL (`losses.sft_loss`): the same optimizer,
+   LR schedule, mini- and micro-batches as RL; the rollout worker then gets the new weights;
+4. **record**: the metrics line (`sft_loss`, tokens, searches, update statistics) and samples.
+
+A stage's examples are its questions that have a gold path (`gold_examples`, found once before
+training); the sampler draws `prompts_per_step` of them a step, in the seeded order RL uses.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from searchrl.data.types import Question
+from searchrl.errors import SearchRLError
+from searchrl.retrieval.base import Retriever
+from searchrl.rl.actor import Actor
+from searchrl.rl.batch import make_batch
+from searchrl.rl.config import StageConfig
+from searchrl.rl.rollout_worker import RolloutWorker
+from searchrl.rl.step import StepIndex
+from searchrl.rollout.config import RolloutConfig
+from searchrl.rollout.gold import GoldPath, gold_paths, gold_trajectories
+
+
+def gold_examples(
+    questions: list[Question], retriever: Retriever, rollout: RolloutConfig, key: str
+) -> list[GoldPath]:
+    """The gold paths of the stage's questions that have one, searched as rollouts search
+    (`rollout.k` passages, at most `rollout.max_searches` searches); `key` names the stage in errors."""
+    kept = [
+        p
+        for p in gold_paths(questions, retriever, rollout.k, rollout.max_searches)
+        if p is not None
+    ]
+    if not kept:
+        raise SearchRLError(
+            f"{key}.kind=sft: none of the {len(questions)} questions has a gold search path (supporting_ids whose "
+            f"passages the index finds by title within rollout.k={rollout.k}, at most rollout.max_searches="
+            f"{rollout.max_searches} of them); use a dataset with supporting ids (e.g. toyworld:train)"
+        )
+    return kept
+
+
+def sft_step(
+    actor: Actor,
+    worker: RolloutWorker,
+    stage_cfg: StageConfig,
+    examples: list[GoldPath],
+    at: StepIndex,
+    progress: bool = False,
+) -> tuple[dict, list[dict]]:
+    """One batch of gold trajectories and its NLL updates -> (metrics record, sample records).
+    `progress` is `train_step`'s (a rollout bar); building takes no time worth a bar."""
+    t0 = time.perf_counter()
+    trajectories = gold_trajectories(worker.engine, examples)
+    # Every trajectory is its own group: rows of different prompts share micro-batches.
+    batch = make_batch(
+        trajectories,
+        [0.0] * len(trajectories),
+        list(range(len(trajectories))),
+        actor.pad_id,
+        actor.device,
+    )
+    t1 = time.perf_counter()
+    stats = actor.update(
+        batch,
+        at.stage_step,
+        stage_cfg.steps,
+        torch.Generator().manual_seed(at.seed ^ 0x5EED),
+        objective="sft",
+    )
+    worker.sync_weights(actor)
+    t2 = time.perf_counter()
+    parts = actor.dist.gather(
+        ([(p.question, t) for p, t in zip(examples, trajectories)], (t1 - t0, t2 - t1, t2 - t0))
+    )
+    pairs = [pair for part in parts for pair in part[0]]
+    build_s, update_s, step_s = np.max([p[1] for p in parts], axis=0).tolist()  # the slowest rank's
+    trajs = [t for _, t in pairs]
+    policy = [sum(t.loss_mask) for t in trajs]
+    record = {
+        "stage": at.stage,
+        "step": at.step,
+        "stage_step": at.stage_step + 1,
+        "sft_loss": stats.pg_loss,  # the masked NLL per policy token, as minimised (mean over optimizer steps)
+        "searches": float(np.mean([t.n_searches for t in trajs])),
+        "response_tokens": float(np.mean(policy)),
+        "env_tokens": float(np.mean([len(t.token_ids) - n for t, n in zip(trajs, policy)])),
+        "grad_norm": stats.grad_norm,
+        "updates": stats.updates,
+        "lr": stats.lr,
+        "rollouts": len(trajs),
+        "build_seconds": build_s,
+        "update_seconds": update_s,
+        "step_seconds": step_s,
+    }
+    samples = []
+    for q, t in pairs:
+        rec = t.to_dict(tokens=False)
+        rec.update(
+            id=q.id,
+            answers=list(q.answers),
+            prediction=t.answer,
+            stage=at.stage,
+            step=at.step,
+            kind="sft",
+        )
+        samples.append(rec)
+    return record, samples

@@ -1,0 +1,145 @@
+"""Gold search trajectories, the training data of the SFT baseline (R1-Searcher Table 4): what an
+agent writes that searches for each supporting passage of a question in hop order and then
+answers, recorded as the rollout engine records a rollout (`RolloutEngine.written`): the same
+prompt ids, the documents blocks inserted by the engine's own code with loss mask 0, the policy's
+text with loss mask 1, each piece tokenized as a scripted policy's would be.
+
+A question's gold path needs its supporting passage ids in hop order (the toy world records them)
+and a local index to read their titles from. Each hop's query is the passage's title, or the
+title plus one word of the question when the title alone does not bring that passage into the
+top k; the documents of a search are what the retriever returns for its query, so the path is the
+one an RL rollout writing the same queries would see. A question with no such path within
+`max_searches` searches (more hops than that, a passage no such query finds) has none.
+
+The policy's text is a fixed template around the queries:
+
+    <think> First I search for Q1.
+
+    <search>Q1</search>  [documents]  Next I search for Q2.
+
+    <search>Q2</search>  [documents]  So the answer is A.</think>
+
+    <answer>A</answer>
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from searchrl.data.trajectory import Trajectory
+from searchrl.data.types import Passage, Question
+from searchrl.errors import SearchRLError
+from searchrl.retrieval.base import Retriever
+from searchrl.rollout.engine import RolloutEngine
+from searchrl.tags import TagSet
+
+# Question words that say nothing about what a passage holds.
+_STOPWORDS = frozenset(
+    "a an and are as at be been by did does for from had has have in is it its of on or that the "  # noqa: SIM905
+    "this to was were what when where which who whom whose with".split()
+)
+
+
+def query_candidates(title: str, question: str, titles: Sequence[str]) -> list[str]:
+    """Queries for the passage titled `title`, in the order they are tried: the title, then the
+    title plus each content word of `question` that is in none of the path's `titles`.
+
+    >>> query_candidates("Bosenikford", "Which city is larger, Bosenikford or Laemeburg?", ["Bosenikford", "Laemeburg"])
+    ['Bosenikford', 'Bosenikford city', 'Bosenikford larger']
+    """
+    in_titles = {w.lower() for t in titles for w in re.findall(r"[^\W\d_]+", t)}
+    words: list[str] = []
+    for w in re.findall(r"[^\W\d_]+", question):
+        w = w.lower()
+        if len(w) > 2 and w not in _STOPWORDS and w not in in_titles and w not in words:
+            words.append(w)
+    return [title] + [f"{title} {w}" for w in words]
+
+
+@dataclass(frozen=True)
+class GoldPath:
+    """A question's gold search: (query, passages it returned) per hop, in hop order."""
+
+    question: Question
+    searches: tuple[tuple[str, tuple[Passage, ...]], ...]
+
+    def texts(self, tags: TagSet, think_opened: bool) -> list[str]:
+        """The policy's text: one piece ending with each query, then one ending with the answer."""
+        queries = [q for q, _ in self.searches]
+        answer = self.question.answers[0]
+        out = [("" if think_opened else tags.think_open) + f" First I search for {queries[0]}.\n\n"]
+        out += [f"Next I search for {q}.\n\n" for q in queries[1:]]
+        out = [text + f"{tags.query_open}{q}{tags.query_close}" for text, q in zip(out, queries)]
+        return out + [
+            f"So the answer is {answer}.{tags.think_close}\n\n{tags.answer_open}{answer}{tags.answer_close}"
+        ]
+
+
+def support_passages(retriever: Retriever, ids: set[str]) -> dict[str, Passage]:
+    """The passages of `ids` that the retriever's index holds, by id (one pass over the index)."""
+    store = getattr(retriever, "passages", None)
+    if store is None:
+        raise SearchRLError(
+            "gold trajectories read supporting passages from the index: set retrieval.index to a local index "
+            "(a retrieval server or web search cannot list its passages)"
+        )
+    return {p.id: p for p in store if p.id in ids}
+
+
+def gold_paths(
+    questions: Sequence[Question], retriever: Retriever, k: int, max_searches: int
+) -> list[GoldPath | None]:
+    """Each question's gold path, or None when it has none (see the module docstring). Searches
+    are batched: round r tries the r-th query candidate of every hop not yet found."""
+    passages = support_passages(retriever, {i for q in questions for i in q.supporting_ids})
+    candidates: dict[tuple[int, int], list[str]] = {}  # (question, hop) -> queries to try
+    for qi, q in enumerate(questions):
+        ids = q.supporting_ids
+        if (
+            not ids
+            or len(ids) > max_searches
+            or not q.answers
+            or any(i not in passages for i in ids)
+        ):
+            continue
+        titles = [passages[i].title for i in ids]
+        for hop, title in enumerate(titles):
+            candidates[(qi, hop)] = query_candidates(title, q.question, titles)
+    found: dict[tuple[int, int], tuple[str, tuple[Passage, ...]]] = {}
+    r = 0
+    while todo := [key for key, c in candidates.items() if key not in found and r < len(c)]:
+        results = retriever.search([candidates[key][r] for key in todo], k)
+        for (qi, hop), hits in zip(todo, results):
+            if questions[qi].supporting_ids[hop] in {p.id for p in hits}:
+                found[(qi, hop)] = (candidates[(qi, hop)][r], tuple(hits))
+        r += 1
+    paths: list[GoldPath | None] = []
+    for qi, q in enumerate(questions):
+        hops = [found.get((qi, hop)) for hop in range(len(q.supporting_ids))]
+        paths.append(GoldPath(q, tuple(hops)) if hops and all(hops) else None)
+    return paths
+
+
+def gold_trajectories(engine: RolloutEngine, paths: Sequence[GoldPath]) -> list[Trajectory]:
+    """The gold paths as the engine records rollouts (policy tokens mask 1, documents mask 0).
+    A path longer than the engine's policy-token budget is refused: a rollout would be cut there."""
+    prompt_ids = engine.prompt_ids([p.question for p in paths])
+    protocol = engine.protocol
+    out = []
+    for path, ids in zip(paths, prompt_ids):
+        traj = engine.written(
+            path.question,
+            ids,
+            path.texts(protocol.tags, protocol.think_opened_in_prompt),
+            path.searches,
+        )
+        written = sum(traj.loss_mask)
+        if written > engine.cfg.max_new_tokens:
+            raise SearchRLError(
+                f"question {path.question.id!r}: its gold trajectory has {written} policy tokens, more than "
+                f"rollout.max_new_tokens={engine.cfg.max_new_tokens}; raise rollout.max_new_tokens"
+            )
+        out.append(traj)
+    return out

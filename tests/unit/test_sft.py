@@ -1,0 +1,415 @@
+"""The SFT baseline: the masked NLL by hand, gold paths and their token layout (identical to a
+scripted engine rollout writing the same text), the actor's SFT update, and `searchrl train` with
+an SFT config on tiny-random (2 steps, checkpoint, resume equals an uninterrupted run)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from searchrl.assets import load_tokenizer
+from searchrl.cli import app
+from searchrl.config import load_config
+from searchrl.data.types import Passage, Question
+from searchrl.errors import SearchRLError
+from searchrl.protocol import Protocol
+from searchrl.retrieval import open_retriever
+from searchrl.retrieval.index import build_index
+from searchrl.rewards import RewardConfig, compute_reward
+from searchrl.rl import step
+from searchrl.rl.actor import Actor
+from searchrl.rl.batch import make_batch
+from searchrl.rl.checkpoint import latest_checkpoint
+from searchrl.rl.config import TrainConfig
+from searchrl.rl.losses import policy_loss, sft_loss
+from searchrl.rl.sft import gold_examples
+from searchrl.rollout.config import RolloutConfig
+from searchrl.rollout.engine import RolloutEngine
+from searchrl.rollout.gold import gold_paths, gold_trajectories
+from searchrl.rollout.scripted import ScriptedBackend
+from searchrl.runlog import read_metrics
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+TOWNS = ["Quellbridge", "Marrowind", "Velmar", "Harbel"]
+RIVERS = ["Tessaly", "Orrin", "Dagny", "Brenna"]
+HILLS = ["Eskar", "Ulmo", "Pirr", "Tavo"]
+
+
+# --- the loss ----------------------------------------------------------------------------------
+
+
+def test_sft_loss_is_the_masked_nll_by_hand():
+    logp = torch.tensor([[-1.0, -2.0, float("-inf")], [-0.5, -3.0, -4.0]], requires_grad=True)
+    mask = torch.tensor([[1, 1, 0], [0, 1, 0]])
+    loss = sft_loss(logp, mask)  # token-mean: (1 + 2 + 3) / 3 policy tokens
+    assert float(loss.detach()) == pytest.approx(2.0)
+    loss.backward()
+    # d loss / d logp = -1/3 at each policy token, exactly 0 elsewhere (also at the -inf padding)
+    want = torch.tensor([[-1 / 3, -1 / 3, 0.0], [0.0, -1 / 3, 0.0]])
+    torch.testing.assert_close(logp.grad, want)
+    # rollouts count once: ((1 + 2) / 2 + 3 / 1) / 2 rollouts
+    assert float(sft_loss(logp, mask, "seq-mean-token-mean").detach()) == pytest.approx(2.25)
+    assert float(sft_loss(logp, mask, "token-mean", units=6).detach()) == pytest.approx(
+        1.0
+    )  # a mini-batch's 6 tokens
+
+
+def test_sft_gradient_is_the_policy_gradient_with_advantage_one_on_policy():
+    logp = torch.tensor([[-1.0, -2.0, -0.3]], requires_grad=True)
+    mask = torch.tensor([[1, 0, 1]])
+    (g_sft,) = torch.autograd.grad(sft_loss(logp, mask), logp)
+    pg, _ = policy_loss(logp, logp.detach(), torch.ones(1, 3), mask)
+    (g_pg,) = torch.autograd.grad(pg, logp)
+    torch.testing.assert_close(g_sft, g_pg)
+
+
+# --- gold paths --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gold_world(tmp_path_factory) -> Path:
+    """Towns on rivers that rise in hills, a decoy that outranks the river Orrin on its bare name,
+    and a question file: 2-hop bridges, comparisons, and questions with no gold path."""
+    root = tmp_path_factory.mktemp("gold")
+    passages = [
+        Passage(
+            f"town-{i}",
+            t,
+            f"{t} is a market town on the river {r}. It was founded in {1600 + 50 * i}.",
+        )
+        for i, (t, r) in enumerate(zip(TOWNS, RIVERS))
+    ]
+    passages += [
+        Passage(f"river-{i}", r, f"The {r} rises in the {h} hills.")
+        for i, (r, h) in enumerate(zip(RIVERS, HILLS))
+    ]
+    passages.append(
+        Passage(
+            "decoy",
+            "Orrin ferry",
+            "The Orrin ferry crosses the Orrin. Orrin boats, Orrin nets, Orrin fish.",
+        )
+    )
+    build_index(passages, root / "index", "bm25", progress=False)
+    rows = [
+        {
+            "id": f"b{i}",
+            "question": f"In which hills does the river through {t} rise?",
+            "answers": [HILLS[i]],
+            "supporting_ids": [f"town-{i}", f"river-{i}"],
+            "type": "bridge-2hop",
+        }
+        for i, t in enumerate(TOWNS)
+    ]
+    rows += [
+        {
+            "id": f"c{i}",
+            "question": f"Which town was founded first, {TOWNS[i]} or {TOWNS[i + 1]}?",
+            "answers": [TOWNS[i]],
+            "supporting_ids": [f"town-{i}", f"town-{i + 1}"],
+            "type": "comparison",
+        }
+        for i in range(3)
+    ]
+    rows += [
+        {
+            "id": "x-hops",
+            "question": "Three hops?",
+            "answers": ["a"],
+            "supporting_ids": ["town-0", "river-0", "town-1"],
+        },
+        {
+            "id": "x-missing",
+            "question": "Not indexed?",
+            "answers": ["a"],
+            "supporting_ids": ["town-0", "nowhere"],
+        },
+        {"id": "x-none", "question": "No support?", "answers": ["a"]},
+    ]
+    (root / "q.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "prompt.txt").write_text("Q: {question}\nA: {think_open}")
+    return root
+
+
+def _questions(world: Path) -> list[Question]:
+    return [
+        Question.from_dict(json.loads(line))
+        for line in (world / "q.jsonl").read_text().splitlines()
+    ]
+
+
+def test_gold_paths_search_each_supporting_passage_in_hop_order(gold_world):
+    questions = _questions(gold_world)
+    paths = gold_paths(questions, open_retriever(str(gold_world / "index")), k=1, max_searches=2)
+    queries = {q.id: [s[0] for s in p.searches] for q, p in zip(questions, paths) if p is not None}
+    # The decoy outranks the river Orrin on its bare name: the question's "hills" brings the river up.
+    assert queries == {
+        "b0": ["Quellbridge", "Tessaly"],
+        "b1": ["Marrowind", "Orrin hills"],
+        "b2": ["Velmar", "Dagny"],
+        "b3": ["Harbel", "Brenna"],
+        "c0": ["Quellbridge", "Marrowind"],
+        "c1": ["Marrowind", "Velmar"],
+        "c2": ["Velmar", "Harbel"],
+    }
+    b1 = paths[1]
+    assert [[p.id for p in docs] for _, docs in b1.searches] == [
+        ["town-1"],
+        ["river-1"],
+    ]  # what k=1 returned
+    assert paths[-3:] == [
+        None,
+        None,
+        None,
+    ]  # 3 hops > max_searches, a passage not indexed, no support
+    three = gold_paths(
+        questions[-3:-2], open_retriever(str(gold_world / "index")), k=1, max_searches=3
+    )
+    assert [s[0] for s in three[0].searches] == ["Quellbridge", "Tessaly", "Marrowind"]
+
+
+def test_gold_paths_need_a_local_index_and_a_question_that_has_one(gold_world):
+    class Remote:
+        def search(self, queries, k):
+            return [[] for _ in queries]
+
+    with pytest.raises(SearchRLError, match="retrieval.index"):
+        gold_paths(_questions(gold_world), Remote(), k=1, max_searches=2)
+    hopeless = [q for q in _questions(gold_world) if q.id.startswith("x-")]
+    with pytest.raises(SearchRLError, match="stage1.kind=sft: none of the 3 questions"):
+        gold_examples(
+            hopeless,
+            open_retriever(str(gold_world / "index")),
+            RolloutConfig(k=1, max_searches=2),
+            "stage1",
+        )
+
+
+@pytest.mark.parametrize("tags,template", [("search-r1", "oneshot"), ("r1searcher", "base")])
+def test_gold_trajectory_is_token_for_token_the_engine_rollout_of_the_same_text(
+    gold_world, tags, template
+):
+    """A scripted policy that writes the gold text, run through the real engine and index, records
+    exactly the gold trajectory; its loss mask is 0 exactly on the documents blocks."""
+    tokenizer = load_tokenizer("tiny-random")
+    protocol = Protocol.named(tags, template)
+    retriever = open_retriever(str(gold_world / "index"))
+    cfg = RolloutConfig(k=1, max_searches=2, max_new_tokens=200)
+    questions = [q for q in _questions(gold_world) if q.id in ("b1", "c0")]
+    paths = gold_paths(questions, retriever, cfg.k, cfg.max_searches)
+    gold_engine = RolloutEngine(
+        ScriptedBackend(tokenizer, lambda text: ""), retriever, protocol, cfg
+    )
+    gold = gold_trajectories(gold_engine, paths)
+
+    for path, g in zip(paths, gold):
+        texts = path.texts(protocol.tags, protocol.think_opened_in_prompt)
+        prompt_text = tokenizer.decode(g.prompt_ids)
+
+        def write(text: str, texts=texts, prompt_text=prompt_text) -> str:
+            # the next gold piece, after as many documents blocks as the response holds
+            return texts[text[len(prompt_text) :].count(protocol.tags.docs_open)]
+
+        engine = RolloutEngine(ScriptedBackend(tokenizer, write), retriever, protocol, cfg)
+        (rolled,) = engine.run([path.question], n=1)
+        for field in (
+            "prompt_ids",
+            "token_ids",
+            "loss_mask",
+            "segments",
+            "queries",
+            "retrieved_ids",
+            "n_searches",
+            "answer",
+            "stop_reason",
+        ):
+            assert getattr(g, field) == getattr(rolled, field), field
+        assert (
+            g.prompt_ids
+            == tokenizer(protocol.prompt(path.question.question, tokenizer))["input_ids"]
+        )
+
+        # Runs of equal mask: policy pieces (1) alternate with documents blocks (0); the prompt is
+        # outside the response and so outside the loss.
+        runs: list[tuple[int, list[int]]] = []
+        for t, m in zip(g.token_ids, g.loss_mask):
+            if runs and runs[-1][0] == m:
+                runs[-1][1].append(t)
+            else:
+                runs.append((m, [t]))
+        assert [m for m, _ in runs] == [1, 0] * len(path.searches) + [1]
+        assert [tokenizer.decode(ids) for m, ids in runs if m == 1] == texts
+        assert [tokenizer.decode(ids) for m, ids in runs if m == 0] == [
+            protocol.format_documents(docs) for _, docs in path.searches
+        ]
+        batch = make_batch([g], [0.0], [0], 0, "cpu")
+        assert batch.mask[0].tolist() == g.loss_mask and batch.prompt_len == len(g.prompt_ids)
+        # A correct trajectory under the RL reward: well-formed, searched, the gold answer.
+        reward = compute_reward(
+            g,
+            path.question.answers,
+            RewardConfig(stage="stage2"),
+            protocol.tags,
+            think_opened_in_prompt=protocol.think_opened_in_prompt,
+        )
+        assert reward.format_ok and reward.answer == 1.0 and g.answer == path.question.answers[0]
+
+    with pytest.raises(SearchRLError, match="rollout.max_new_tokens=20"):
+        gold_trajectories(
+            RolloutEngine(
+                gold_engine.backend,
+                retriever,
+                protocol,
+                cfg.model_copy(update={"max_new_tokens": 20}),
+            ),
+            paths,
+        )
+
+
+# --- the update and the training run ------------------------------------------------------------
+
+
+def _overrides(world: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "model=tiny-random",
+        f"retrieval.index={world / 'index'}",
+        f"out={out}",
+        f"protocol.template={world / 'prompt.txt'}",
+        f"stage1.dataset={world / 'q.jsonl'}",
+        f"stage2.dataset={world / 'q.jsonl'}",
+        "stage1.steps=2",
+        "stage2.steps=1",
+        "stage1.prompts_per_step=2",
+        "stage2.prompts_per_step=2",
+        "algorithm.lr=1e-3",
+        "algorithm.micro_batch_size=1",
+        "logging.checkpoint_every=1",
+        "logging.progress=false",
+        *extra,
+    ]
+
+
+def _nll(model, trajs) -> float:
+    """Mean −log p over the policy tokens, one full forward per trajectory (no padding, no tricks)."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for t in trajs:
+            ids = torch.tensor([t.prompt_ids + t.token_ids])
+            logp = torch.log_softmax(
+                model(input_ids=ids).logits[0, len(t.prompt_ids) - 1 : -1].float(), dim=-1
+            )
+            picked = logp.gather(1, torch.tensor(t.token_ids)[:, None])[:, 0]
+            keep = torch.tensor(t.loss_mask, dtype=torch.bool)
+            total, count = total - float(picked[keep].sum()), count + int(keep.sum())
+    return total / count
+
+
+def test_sft_update_minimises_the_nll_of_policy_tokens_across_micro_batches(gold_world):
+    cfg = load_config(
+        TrainConfig, CONFIGS / "sft-demo-cpu.yaml", _overrides(gold_world, gold_world / "unused")
+    )
+    retriever = open_retriever(str(gold_world / "index"))
+    examples = gold_examples(_questions(gold_world), retriever, cfg.rollout, "stage1")
+    results = {}
+    for micro in (1, 2):  # one row per pass, or both prompts left-padded into one pass
+        actor = Actor.load(
+            cfg.model_copy(
+                update={"algorithm": cfg.algorithm.model_copy(update={"micro_batch_size": micro})}
+            )
+        )
+        actor.start_stage(None)
+        engine = RolloutEngine(
+            ScriptedBackend(actor.tokenizer, lambda text: ""),
+            retriever,
+            Protocol.from_config(cfg.protocol),
+            cfg.rollout,
+        )
+        # A bridge and a comparison: prompts of different lengths.
+        trajs = gold_trajectories(engine, [p for p in examples if p.question.id in ("b1", "c0")])
+        assert len({len(t.prompt_ids) for t in trajs}) == 2
+        before = _nll(actor.model, trajs)
+        batch = make_batch(trajs, [0.0, 0.0], [0, 1], actor.pad_id, actor.device)
+        stats = actor.update(batch, 0, 1, torch.Generator().manual_seed(0), objective="sft")
+        # the micro-batches' losses over the mini-batch's policy tokens sum to the mean NLL
+        assert stats.updates == 1 and stats.pg_loss == pytest.approx(before, rel=1e-5)
+        assert stats.grad_norm > 0 and stats.ratio_mean == 1.0 and stats.clip_frac == 0.0
+        assert _nll(actor.model, trajs) < before  # one step on the batch lowers its NLL
+        # the update leaves its (clipped) gradient in .grad: Adam's first step is ~lr·sign(g), so
+        # float-rounding differences in tiny gradients would show in the weights, not here
+        results[micro] = (stats, {n: p.grad.clone() for n, p in actor.model.named_parameters()})
+    (s1, g1), (s2, g2) = results[1], results[2]
+    assert s2.pg_loss == pytest.approx(s1.pg_loss, rel=1e-5)
+    assert all(torch.allclose(g1[n], g2[n], rtol=1e-4, atol=1e-7) for n in g1)
+
+
+def test_sft_demo_config_has_the_rl_demo_budget_and_one_sample_per_question():
+    with pytest.raises(SearchRLError, match="stage2.samples_per_prompt=1"):
+        load_config(TrainConfig, CONFIGS / "sft-demo-cpu.yaml", ["stage2.samples_per_prompt=8"])
+    cfg = load_config(TrainConfig, CONFIGS / "sft-demo-cpu.yaml")
+    demo = load_config(TrainConfig, CONFIGS / "demo-cpu.yaml")
+    # the demo's budget: same steps and sequences a step, same schedule and question pools
+    for n in (1, 2):
+        s, d = cfg.stage(n), demo.stage(n)
+        assert (s.kind, s.steps, s.prompts_per_step * s.samples_per_prompt) == (
+            "sft",
+            d.steps,
+            d.prompts_per_step * d.samples_per_prompt,
+        )
+        assert s.question_types == d.question_types
+    # micro-batches trade memory for speed and never change the result
+    assert cfg.algorithm.model_copy(update={"micro_batch_size": 8}) == demo.algorithm
+    assert cfg.rollout == demo.rollout and cfg.protocol == demo.protocol
+
+
+def test_train_sft_config_writes_checkpoints_and_resumes_like_an_uninterrupted_run(
+    gold_world, tmp_path
+):
+    config = str(CONFIGS / "sft-demo-cpu.yaml")
+    full = tmp_path / "full"
+    result = CliRunner().invoke(app, ["train", "--config", config, *_overrides(gold_world, full)])
+    assert result.exit_code == 0, result.output
+    records = read_metrics(full)
+    assert [(r["stage"], r["step"]) for r in records] == [(1, 1), (1, 2), (2, 3)]
+    assert all(
+        r["updates"] == 1 and r["rollouts"] == 2 and r["sft_loss"] > 0 and r["grad_norm"] > 0
+        for r in records
+    )
+    assert latest_checkpoint(full).name == "step_0003" and (full / "config.yaml").is_file()
+    assert (full / "checkpoints" / "step_0003" / "model.safetensors").is_file()
+    samples = [
+        json.loads(line) for line in (full / "samples" / "step_0003.jsonl").read_text().splitlines()
+    ]
+    assert {s["id"][0] for s in samples} == {"c"}  # Stage 2 keeps the demo's comparison questions
+    assert all(s["prediction"] == s["answers"][0] and s["n_searches"] == 2 for s in samples)
+
+    crashed = tmp_path / "crashed"
+    result = CliRunner().invoke(
+        app,
+        ["train", "--config", config, *_overrides(gold_world, crashed), "debug_crash_after_step=2"],
+    )
+    assert (
+        isinstance(result.exception, RuntimeError)
+        and latest_checkpoint(crashed).name == "step_0001"
+    )
+    result = CliRunner().invoke(
+        app, ["train", "--resume", str(crashed), "debug_crash_after_step=null"]
+    )
+    assert result.exit_code == 0, result.output
+    resumed = read_metrics(crashed)
+    assert len(resumed) == len(records)
+    for a, b in zip(records, resumed):
+        for key, value in a.items():
+            if key in step.TIMING_KEYS or key.endswith("_seconds"):
+                continue
+            assert b[key] == (
+                None if value is None else pytest.approx(value, abs=1e-6, rel=1e-6)
+            ), (a["step"], key)
+    from safetensors.torch import load_file
+
+    wa = load_file(full / "checkpoints" / "step_0003" / "model.safetensors")
+    wb = load_file(crashed / "checkpoints" / "step_0003" / "model.safetensors")
+    assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
