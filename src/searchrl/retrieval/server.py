@@ -12,21 +12,33 @@
   `{"result": [[{"document": {"id", "contents"}, "score"}, ...], ...]}` (plain documents when
   `return_scores` is false); `contents` is `Passage.contents()`: `"<title>"\\n<text>`.
 - `GET /health` -> `{"status": "ok", "kind": ..., "passages": n | null}`.
+- `GET /stats` -> requests, queries, truncated queries, cache hits and hit rate, index calls and
+  their mean batch, summed over every worker process (`ServerStats`); `DELETE /cache` empties it.
+
+A search goes: limits (an over-long query is cut to `max_query_chars` and logged, not refused:
+one runaway rollout must not fail its whole batch) -> the result cache (`CachedRetriever`,
+optional) -> the batching window (`BatchingRetriever`, optional) -> the index, whose calls a lock
+serialises (index libraries make no thread-safety promise and use every core inside one call).
+`create_app` turns neither on unless asked; `searchrl serve` turns both on (`serving.py`).
 
 Endpoints are plain `def`s: FastAPI runs them in its threadpool, so a slow search never blocks
-the event loop (health checks still answer). A lock serialises the backend because index
-libraries (bm25s, faiss, torch encoders) make no thread-safety promise and already use every
-core inside one call, so concurrent calls would gain nothing.
+the event loop (health checks still answer). Bad input is a 422 with a JSON `detail`, non-finite
+numbers included: Python's JSON parser accepts `NaN` and `Infinity`, validation then rejects
+them for every field, and the error handler writes them as strings (Starlette's default refuses
+to encode NaN, which turned `"k": NaN` into a plain-text 500).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
+import uuid
 
-from fastapi import FastAPI, HTTPException, Response
+from fastapi import FastAPI, HTTPException, Request, Response
+from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import to_json
 
@@ -34,18 +46,26 @@ from searchrl.config import StrictModel
 from searchrl.data.types import Passage
 from searchrl.errors import SearchRLError
 from searchrl.retrieval.base import Retriever
+from searchrl.retrieval.batching import BatchingRetriever
+from searchrl.retrieval.querycache import CachedRetriever, LocalCache, SharedCache
 
 log = logging.getLogger(__name__)
 
+# Request handler threads per worker (Starlette's default is 40): each waits on the batcher, so
+# more of them let more concurrent requests share one index call.
+HANDLER_THREADS = 256
+
 
 class ServerLimits(StrictModel):
-    """Request limits that keep one client from stalling or exhausting the server."""
+    """Request limits that keep one client from stalling or exhausting the server. The defaults
+    accept what peers send with their shipped settings: Search-R1's GRPO scripts put 512 prompts x
+    5 rollouts = 2,560 queries in one `/retrieve` call."""
 
-    max_batch: int = Field(512, ge=1, description="Most queries in one request (`--max-batch`).")
+    max_batch: int = Field(4096, ge=1, description="Most queries in one request (`--max-batch`); more get HTTP 413.")
     max_query_chars: int = Field(
-        2000, ge=1, description="Longest query accepted (`--max-query-chars`)."
+        2000, ge=1, description="Longer queries are cut to this many characters and logged (`--max-query-chars`)."
     )
-    max_k: int = Field(100, ge=1, description="Most passages per query (`--max-k`).")
+    max_k: int = Field(100, ge=1, description="Most passages per query (`--max-k`); more get HTTP 422.")
 
 
 class _Request(BaseModel):
@@ -78,10 +98,10 @@ def _score(p: Passage) -> float | None:
     return None if p.score is None else float(p.score)
 
 
-def _json(payload: dict) -> Response:
+def _json(payload: dict, status: int = 200) -> Response:
     # pydantic-core's Rust encoder: several times faster than json.dumps on these nested lists,
     # and it skips FastAPI's response-model validation pass (the data is ours, already typed).
-    return Response(to_json(payload, inf_nan_mode="null"), media_type="application/json")
+    return Response(to_json(payload, inf_nan_mode="null"), status_code=status, media_type="application/json")
 
 
 def _passage_count(retriever: Retriever) -> int | None:
@@ -91,12 +111,138 @@ def _passage_count(retriever: Retriever) -> int | None:
         return None
 
 
-def create_app(retriever: Retriever, limits: ServerLimits | None = None) -> FastAPI:
-    """A FastAPI app answering the three search dialects from `retriever`."""
+class _CountedIndex(Retriever):
+    """The index behind a lock, counting its calls, queries and seconds."""
+
+    def __init__(self, inner: Retriever) -> None:
+        self.inner = inner
+        self.calls = self.queries = 0
+        self.seconds = 0.0
+        self._lock = threading.Lock()
+
+    def search(self, queries: list[str], k: int) -> list[list[Passage]]:
+        with self._lock:
+            started = time.perf_counter()
+            try:
+                return self.inner.search(queries, k)
+            finally:
+                self.calls += 1
+                self.queries += len(queries)
+                self.seconds += time.perf_counter() - started
+
+
+class ServerStats:
+    """One worker's counters; with a `SharedCache` they are published into its file (every
+    `publish_s` while they change, and on each `/stats`), and `/stats` sums every worker's."""
+
+    def __init__(self, index: _CountedIndex, cached: CachedRetriever | None, cache, publish_s: float = 0.25) -> None:
+        self.index, self.cached, self.cache = index, cached, cache
+        self.requests = self.queries = self.truncated = 0
+        self._lock = threading.Lock()
+        self._worker = uuid.uuid4().hex
+        self._published: dict | None = None
+        if isinstance(cache, SharedCache):
+            threading.Thread(target=self._publish_every, args=(publish_s,), daemon=True).start()
+
+    def request(self, queries: int, truncated: int) -> None:
+        with self._lock:
+            self.requests += 1
+            self.queries += queries
+            self.truncated += truncated
+
+    def mine(self) -> dict[str, float]:
+        with self._lock:
+            requests, queries, truncated = self.requests, self.queries, self.truncated
+        return {
+            "requests": requests, "queries": queries, "truncated_queries": truncated,
+            "cache_hits": self.cached.counts().cache_hits if self.cached is not None else 0,
+            "index_calls": self.index.calls, "index_queries": self.index.queries, "index_seconds": self.index.seconds,
+        }
+
+    def _publish(self) -> None:
+        mine = self.mine()
+        if mine != self._published:
+            self.cache.publish(f"{os.getpid()}-{self._worker}", mine)
+            self._published = mine
+
+    def _publish_every(self, interval_s: float) -> None:
+        while True:
+            time.sleep(interval_s)
+            with contextlib.suppress(Exception):  # a busy or vanished file: try again next time
+                self._publish()
+
+    def report(self) -> dict:
+        """`/stats`: the counters summed over the workers that share the cache file."""
+        if isinstance(self.cache, SharedCache):
+            self._publish()
+            rows = self.cache.counters()
+        else:
+            rows = [self.mine()]
+        total = {key: sum(r.get(key, 0) for r in rows) for key in rows[0]}
+        queries, calls = total["queries"], total["index_calls"]
+        return {
+            "workers": len(rows),
+            "requests": total["requests"],
+            "queries": queries,
+            "truncated_queries": total["truncated_queries"],
+            "cache": {
+                "kind": None if self.cache is None else ("shared" if isinstance(self.cache, SharedCache) else "local"),
+                "entries": None if self.cache is None else len(self.cache),
+                "max_entries": None if self.cache is None else self.cache.size,
+                "hits": total["cache_hits"],
+                "hit_rate": total["cache_hits"] / queries if self.cache is not None and queries else None,
+            },
+            "index": {
+                "calls": calls,
+                "queries": total["index_queries"],
+                "seconds": round(total["index_seconds"], 3),
+                "mean_batch": total["index_queries"] / calls if calls else None,
+            },
+        }
+
+
+def create_app(
+    retriever: Retriever,
+    limits: ServerLimits | None = None,
+    *,
+    batch_window_ms: float = 0.0,
+    batch_max_queries: int = 1024,
+    cache: LocalCache | SharedCache | None = None,
+) -> FastAPI:
+    """A FastAPI app answering the three search dialects from `retriever`.
+
+    `batch_window_ms` > 0 gathers concurrent requests into one index call (at most
+    `batch_max_queries` queries, a larger request alone); `cache` answers repeated queries."""
     limits = limits or ServerLimits()
-    lock = threading.Lock()
     kind = getattr(retriever, "kind", type(retriever).__name__)
-    app = FastAPI(title="searchrl retrieval server", docs_url="/docs", redoc_url=None)
+    index = _CountedIndex(retriever)
+    pipeline: Retriever = index
+    if batch_window_ms > 0:
+        pipeline = BatchingRetriever(index, batch_window_ms / 1000, batch_max_queries)
+    cached = None
+    if cache is not None:
+        pipeline = cached = CachedRetriever(pipeline, cache)
+    stats = ServerStats(index, cached, cache)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        import anyio.to_thread
+
+        anyio.to_thread.current_default_thread_limiter().total_tokens = HANDLER_THREADS
+        yield
+
+    app = FastAPI(title="searchrl retrieval server", docs_url="/docs", redoc_url=None, lifespan=lifespan)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request: Request, exc: RequestValidationError) -> Response:
+        # `input` may hold NaN or Infinity: written as strings, the body stays valid JSON.
+        detail = to_json({"detail": exc.errors()}, inf_nan_mode="strings", fallback=str)
+        return Response(detail, status_code=422, media_type="application/json")
+
+    @app.exception_handler(Exception)
+    async def crashed(_request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error")
+        return _json({"detail": f"server error: {type(exc).__name__}: {exc}"}, 500)
 
     def search(queries: list[str], k: int) -> list[list[Passage]]:
         if len(queries) > limits.max_batch:
@@ -106,23 +252,16 @@ def create_app(retriever: Retriever, limits: ServerLimits | None = None) -> Fast
                 f"send smaller batches (HttpRetriever(max_batch=...)) or restart the server with "
                 f"`searchrl serve --max-batch {len(queries)}`",
             )
-        for i, q in enumerate(queries):
-            if len(q) > limits.max_query_chars:
-                raise HTTPException(
-                    413,
-                    f"query {i} has {len(q)} characters, over the server limit "
-                    f"max_query_chars={limits.max_query_chars}; shorten it or restart the server with "
-                    f"`searchrl serve --max-query-chars {len(q)}`",
-                )
         if k > limits.max_k:
             raise HTTPException(
                 422,
                 f"k={k} exceeds the server limit max_k={limits.max_k}; ask for fewer passages or "
                 f"restart the server with `searchrl serve --max-k {k}`",
             )
+        queries, truncated = _truncate(queries, limits.max_query_chars)
+        stats.request(sum(1 for q in queries if q and q.strip()), truncated)
         try:
-            with lock:
-                results = retriever.search(queries, k)
+            results = pipeline.search(queries, k)
         except Exception as exc:  # the client sees why, and retries: the cause may be transient
             log.exception("backend %s failed on %d queries", kind, len(queries))
             raise HTTPException(
@@ -178,30 +317,30 @@ def create_app(retriever: Retriever, limits: ServerLimits | None = None) -> Fast
     def health() -> dict:
         return {"status": "ok", "kind": kind, "passages": _passage_count(retriever)}
 
+    @app.get("/stats")
+    def stats_endpoint() -> Response:
+        return _json(stats.report())
+
+    @app.delete("/cache")
+    def clear_cache() -> dict:
+        return {"cleared": cache.clear() if cache is not None else 0}
+
     return app
 
 
-def serve(
-    retriever: Retriever,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    limits: ServerLimits | None = None,
-    log_level: str = "info",
-) -> None:
-    """Run the server until interrupted. Bound to localhost unless `host` says otherwise:
-    the API has no authentication, so exposing it is an explicit choice."""
-    import uvicorn
-
-    app = create_app(retriever, limits)
-    size = _passage_count(retriever)
-    print(
-        f"serving {getattr(retriever, 'kind', type(retriever).__name__)} index"
-        f"{f' ({size:,} passages)' if size is not None else ''} at http://{host}:{port} "
-        "- POST /search (native), /queries (R1-Searcher), /retrieve (Search-R1); GET /health",
-        flush=True,
-    )
-    # Per-request access lines cost measurable time at batch 1 and say nothing useful here.
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+def _truncate(queries: list[str], max_chars: int) -> tuple[list[str], int]:
+    """`queries` with each one longer than `max_chars` cut to that length (each cut logged)."""
+    cut = [i for i, q in enumerate(queries) if len(q) > max_chars]
+    if not cut:
+        return queries, 0
+    out = list(queries)
+    for i in cut:
+        log.warning(
+            "query %d of %d has %d characters: truncated to max_query_chars=%d (`searchrl serve --max-query-chars`)",
+            i, len(queries), len(queries[i]), max_chars,
+        )
+        out[i] = queries[i][:max_chars]
+    return out, len(cut)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
