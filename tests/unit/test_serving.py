@@ -344,3 +344,12 @@ def test_serve_with_two_workers_answers_and_shares_its_cache(bm25_dir, tmp_path)
     finally:
         proc.terminate()
         proc.wait(15)
+
+
+def test_entries_written_behind_are_read_here_at_once_and_elsewhere_once_written(tmp_path):
+    path, one = str(tmp_path / "c.sqlite"), [Passage("p1", "T", "x", 1.5)]
+    writer, other = SharedCache(path, "idx", 10, write_behind=True), SharedCache(path, "idx", 10)
+    writer.put_many(["q"], 3, [one])
+    assert writer.get_many(["q"], 3) == [one]  # queued or written: this process sees it now
+    writer.flush()
+    assert other.get_many(["q"], 3) == [one] and len(other) == 1

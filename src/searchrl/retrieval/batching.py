@@ -1,43 +1,67 @@
 """`BatchingRetriever`: concurrent small searches gathered into one index call.
 
 Under a training run a server gets many small requests at once (one per rollout worker, or one per
-rollout at batch 1). An index answers a batch of queries for much less than the sum of single
-calls (one encoder forward, one matrix product), and index libraries make no thread-safety
-promise anyway, so a single thread owns the index: it takes the first waiting request, gathers
-whatever else arrives within `window_s` (up to `max_queries` queries), searches each k's distinct
-queries in one call, and hands every request its share. A request larger than `max_queries` is
-searched alone, whole.
+rollout at batch 1). An index answers a batch of queries for less than the sum of single calls
+(one encoder forward, one matrix product, one Python call), and index libraries make no
+thread-safety promise anyway, so a single thread owns the index: it takes the first waiting
+request, gathers whatever else is queued or arrives within `window_s` (up to `max_queries`
+queries), searches each k's distinct queries in one call, and hands every request its share. A
+request larger than `max_queries` is searched alone, whole.
+
+While the index is busy, requests queue up and the next call takes them all: under load batches
+form without waiting. The window is waited out only while traffic is concurrent (the last call
+served more than one request); a client alone is never delayed by it.
 """
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 
 from searchrl.data.types import Passage
 from searchrl.errors import SearchRLError
 from searchrl.retrieval.base import Retriever
 
+log = logging.getLogger(__name__)
+
+# Called on the batching thread after each index call has been answered: (queries, k, results).
+OnResults = Callable[[list[str], int, list[list[Passage]]], None]
+
 
 class BatchingRetriever(Retriever):
-    def __init__(self, inner: Retriever, window_s: float, max_queries: int = 1024) -> None:
+    def __init__(
+        self,
+        inner: Retriever,
+        window_s: float,
+        max_queries: int = 1024,
+        on_results: OnResults | None = None,
+    ) -> None:
         if window_s <= 0 or max_queries < 1:
             raise SearchRLError(
                 f"batching needs window_s > 0 and max_queries >= 1 (got {window_s}, {max_queries})"
             )
         self.inner, self.window_s, self.max_queries = inner, window_s, max_queries
+        self.on_results = on_results
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._concurrent = False  # the last call served more than one request
         self._thread = threading.Thread(target=self._run, name="searchrl-batcher", daemon=True)
         self._thread.start()
 
-    def search(self, queries: list[str], k: int) -> list[list[Passage]]:
-        if not queries:
-            return []
+    def submit(self, queries: list[str], k: int) -> Future:
+        """Queue a search; the future's result is one passage list per query."""
         done: Future = Future()
-        self._jobs.put((queries, k, done))
-        return done.result()
+        if queries:
+            self._jobs.put((queries, k, done))
+        else:
+            done.set_result([])
+        return done
+
+    def search(self, queries: list[str], k: int) -> list[list[Passage]]:
+        return self.submit(queries, k).result()
 
     def _run(self) -> None:
         while True:
@@ -45,17 +69,24 @@ class BatchingRetriever(Retriever):
             if first is None:  # close()
                 return
             jobs, n = [first], len(first[0])
-            deadline = time.monotonic() + self.window_s
-            while n < self.max_queries and (left := deadline - time.monotonic()) > 0:
+            deadline = time.monotonic() + (self.window_s if self._concurrent else 0.0)
+            while n < self.max_queries:
                 try:
-                    job = self._jobs.get(timeout=left)
+                    job = self._jobs.get_nowait()
                 except queue.Empty:
-                    break
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    try:
+                        job = self._jobs.get(timeout=left)
+                    except queue.Empty:
+                        break
                 if job is None:
                     self._jobs.put(None)  # finish this batch, then stop
                     break
                 jobs.append(job)
                 n += len(job[0])
+            self._concurrent = len(jobs) > 1
             for k in dict.fromkeys(job[1] for job in jobs):
                 self._answer([job for job in jobs if job[1] == k], k)
 
@@ -74,6 +105,11 @@ class BatchingRetriever(Retriever):
         by_query = dict(zip(distinct, results))
         for queries, _, done in jobs:
             done.set_result([list(by_query[q]) for q in queries])
+        if self.on_results is not None:
+            try:
+                self.on_results(distinct, k, results)
+            except Exception:  # a failed cache write costs searches later, not this answer
+                log.exception("storing %d results failed", len(distinct))
 
     def check(self) -> None:
         self.inner.check()

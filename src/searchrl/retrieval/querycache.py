@@ -16,6 +16,7 @@ what a miss would have.
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -27,6 +28,8 @@ from searchrl.data.types import Passage
 from searchrl.errors import SearchRLError
 from searchrl.retrieval.base import Retriever
 from searchrl.sqlcache import SqliteStore
+
+log = logging.getLogger(__name__)
 
 
 def normalise_query(query: str) -> str:
@@ -85,20 +88,34 @@ _SHARED_SCHEMA = (
     "CREATE TABLE IF NOT EXISTS counters (worker TEXT PRIMARY KEY, value TEXT NOT NULL, at REAL NOT NULL)",
 )
 _SQL_VARS = 500  # keys per SELECT ... IN (...): far below SQLite's variable limit
+_WRITE_EVERY_S = 0.005  # written behind: at most one write transaction per worker this often
 
 
 class SharedCache:
     """Results in a SQLite file shared by processes, at most `size` entries (0: none stored, the
     file then only carries the workers' counters). Entries of different indexes never mix: the
     key includes `index_id`. Durability is switched off (`synchronous=OFF`): a cache lost in a
-    crash costs searches, nothing else."""
+    crash costs searches, nothing else.
 
-    def __init__(self, path: str, index_id: str, size: int) -> None:
+    `write_behind`: `put_many` only queues the entries (this process reads them at once) and a
+    thread of its own writes them, so a search never waits for another process's write lock.
+    """
+
+    def __init__(self, path: str, index_id: str, size: int, write_behind: bool = False) -> None:
         if size < 0:
             raise SearchRLError(f"cache size must be >= 0 (got {size})")
         self.path, self.index_id, self.size = path, index_id, size
+        # Reads and writes on separate connections: a read (on a server's event loop) never
+        # waits for a write that waits for another process's write lock.
         self._store = SqliteStore(path, _SHARED_SCHEMA)
         self._store.query("PRAGMA synchronous=OFF")
+        self._reader = SqliteStore(path)
+        self._pending: dict[bytes, bytes] = {}  # written behind, not yet in the file
+        self._pending_lock = threading.Lock()
+        self._wake = threading.Event()
+        self.write_behind = write_behind
+        if write_behind:
+            threading.Thread(target=self._writer, name="searchrl-cache-writer", daemon=True).start()
 
     def _key(self, query: str, k: int) -> bytes:
         return hashlib.blake2b(to_json([self.index_id, k, query]), digest_size=16).digest()
@@ -107,12 +124,14 @@ class SharedCache:
         if not self.size:
             return [None] * len(queries)
         keys = [self._key(q, k) for q in queries]
-        found: dict[bytes, bytes] = {}
-        for start in range(0, len(keys), _SQL_VARS):
-            part = keys[start : start + _SQL_VARS]
+        with self._pending_lock:
+            found = {key: self._pending[key] for key in keys if key in self._pending}
+        todo = [key for key in keys if key not in found]
+        for start in range(0, len(todo), _SQL_VARS):
+            part = todo[start : start + _SQL_VARS]
             marks = ",".join("?" * len(part))
             found.update(
-                self._store.query(
+                self._reader.query(
                     f"SELECT key, value FROM results WHERE key IN ({marks})", tuple(part)
                 )
             )
@@ -122,6 +141,37 @@ class SharedCache:
         if not self.size or not queries:
             return
         rows = [(self._key(q, k), _encode(r)) for q, r in zip(queries, results, strict=True)]
+        if self.write_behind:
+            with self._pending_lock:
+                self._pending.update(rows)
+            self._wake.set()
+            return
+        self._write(rows)
+
+    def _writer(self) -> None:
+        while True:
+            self._wake.wait()
+            time.sleep(_WRITE_EVERY_S)  # gathers the next calls' entries into the same transaction
+            self._wake.clear()
+            try:
+                self.flush()
+            except Exception:  # the entries stay queued; the next write retries
+                log.exception("writing the result cache %s failed", self.path)
+                time.sleep(1)
+
+    def flush(self) -> None:
+        """Write the queued entries now."""
+        with self._pending_lock:
+            rows = list(self._pending.items())
+        if not rows:
+            return
+        self._write(rows)
+        with self._pending_lock:
+            for key, value in rows:
+                if self._pending.get(key) is value:
+                    del self._pending[key]
+
+    def _write(self, rows: list[tuple[bytes, bytes]]) -> None:
         with self._store.transaction() as conn:
             conn.executemany("INSERT OR REPLACE INTO results (key, value) VALUES (?, ?)", rows)
             # Entries keep distinct, growing n, so this leaves at most `size` of them.
@@ -130,11 +180,13 @@ class SharedCache:
             )
 
     def clear(self) -> int:
+        with self._pending_lock:
+            self._pending.clear()
         with self._store.transaction() as conn:
             return conn.execute("DELETE FROM results").rowcount
 
     def __len__(self) -> int:
-        return self._store.query("SELECT count(*) FROM results")[0][0]
+        return self._reader.query("SELECT count(*) FROM results")[0][0]
 
     def publish(self, worker: str, counters: dict[str, float]) -> None:
         """Record one worker's counters (its totals so far), replacing what it published before."""
@@ -146,7 +198,7 @@ class SharedCache:
 
     def counters(self) -> list[dict[str, float]]:
         """Every worker's last published counters."""
-        return [from_json(v) for (v,) in self._store.query("SELECT value FROM counters")]
+        return [from_json(v) for (v,) in self._reader.query("SELECT value FROM counters")]
 
     def forget_counters(self) -> None:
         """Drop the counters of earlier servers that used this file."""
@@ -154,7 +206,9 @@ class SharedCache:
             conn.execute("DELETE FROM counters")
 
     def close(self) -> None:
+        self.flush()
         self._store.close()
+        self._reader.close()
 
 
 def _encode(passages: list[Passage]) -> bytes:
@@ -185,6 +239,31 @@ class RetrievalCounts:
         )
 
 
+@dataclass
+class Lookup:
+    """One call's queries after the cache: `out` holds the hits (and [] for blank queries),
+    `missing` maps each distinct normalised query still to search to its positions."""
+
+    out: list[list[Passage]]
+    missing: dict[str, list[int]]
+    asked: int  # non-blank queries
+
+    @property
+    def hits(self) -> int:
+        return self.asked - len(self.missing)
+
+    def fill(self, results: list[list[Passage]]) -> list[list[Passage]]:
+        """`out` once the missing queries' `results` (in `missing` order) are in."""
+        if len(results) != len(self.missing):
+            raise SearchRLError(
+                f"the index returned {len(results)} result lists for {len(self.missing)} queries"
+            )
+        for positions, passages in zip(self.missing.values(), results):
+            for i in positions:
+                self.out[i] = list(passages)
+        return self.out
+
+
 class CachedRetriever(Retriever):
     """`inner` searched through `cache` (None: no cache, counting only).
 
@@ -192,6 +271,8 @@ class CachedRetriever(Retriever):
     and the misses searched in one call to `inner`, each distinct query once. A cache hit is a
     query answered without a search of its own: found in the cache, or a repeat of another
     query of the same call (the 16 rollouts of a question come in one batched call).
+    The steps (`lookup`, search the misses, `fill`, `count`) are public for the server, which
+    searches the misses through its batching thread and stores them there.
     """
 
     def __init__(self, inner: Retriever, cache: LocalCache | SharedCache | None = None) -> None:
@@ -205,39 +286,38 @@ class CachedRetriever(Retriever):
 
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:
         started = time.perf_counter()
-        asked = sum(1 for q in queries if q and q.strip())
         if self.cache is None:
-            out, hits = self.inner.search(queries, k), 0
-        else:
-            out, hits = self._through_cache(queries, k)
+            out = self.inner.search(queries, k)
+            self.count(sum(1 for q in queries if q and q.strip()), 0, started)
+            return out
+        lookup = self.lookup(queries, k)
+        if lookup.missing:
+            todo = list(lookup.missing)
+            results = self.inner.search(todo, k)
+            lookup.fill(results)
+            self.cache.put_many(todo, k, results)
+        self.count(lookup.asked, lookup.hits, started)
+        return lookup.out
+
+    def lookup(self, queries: list[str], k: int) -> Lookup:
+        """The cache's answers to `queries` and what is left to search."""
+        norm = {i: normalise_query(q) for i, q in enumerate(queries) if q and q.strip()}
+        lookup = Lookup([[] for _ in queries], {}, len(norm))
+        for (i, q), hit in zip(
+            norm.items(), self.cache.get_many(list(norm.values()), k), strict=True
+        ):
+            if hit is None:
+                lookup.missing.setdefault(q, []).append(i)
+            else:
+                lookup.out[i] = list(hit)
+        return lookup
+
+    def count(self, queries: int, hits: int, started: float) -> None:
+        """Add one call: its non-blank `queries`, `hits`, and the time since `started`."""
         with self._lock:
-            self._counts.queries += asked
+            self._counts.queries += queries
             self._counts.cache_hits += hits
             self._counts.seconds += time.perf_counter() - started
-        return out
-
-    def _through_cache(self, queries: list[str], k: int) -> tuple[list[list[Passage]], int]:
-        out: list[list[Passage]] = [[] for _ in queries]
-        norm = {i: normalise_query(q) for i, q in enumerate(queries) if q and q.strip()}
-        found = self.cache.get_many(list(norm.values()), k)
-        missing: dict[str, list[int]] = {}
-        for (i, q), hit in zip(norm.items(), found, strict=True):
-            if hit is None:
-                missing.setdefault(q, []).append(i)
-            else:
-                out[i] = list(hit)
-        if missing:
-            todo = list(missing)
-            results = self.inner.search(todo, k)
-            if len(results) != len(todo):
-                raise SearchRLError(
-                    f"retriever {self.kind} returned {len(results)} result lists for {len(todo)} queries"
-                )
-            for q, passages in zip(todo, results):
-                for i in missing[q]:
-                    out[i] = list(passages)
-            self.cache.put_many(todo, k, results)
-        return out, len(norm) - len(missing)
 
     def counts(self) -> RetrievalCounts:
         """A snapshot of the counters."""

@@ -16,20 +16,24 @@
   their mean batch, summed over every worker process (`ServerStats`); `DELETE /cache` empties it.
 
 A search goes: limits (an over-long query is cut to `max_query_chars` and logged, not refused:
-one runaway rollout must not fail its whole batch) -> the result cache (`CachedRetriever`,
-optional) -> the batching window (`BatchingRetriever`, optional) -> the index, whose calls a lock
-serialises (index libraries make no thread-safety promise and use every core inside one call).
-`create_app` turns neither on unless asked; `searchrl serve` turns both on (`serving.py`).
+one runaway rollout must not fail its whole batch) -> the result cache (optional) -> the batching
+window (`BatchingRetriever`, optional) -> the index, whose calls a lock serialises (index libraries
+make no thread-safety promise and use every core inside one call). `create_app` turns neither on
+unless asked; `searchrl serve` turns both on (`serving.py`).
 
-Endpoints are plain `def`s: FastAPI runs them in its threadpool, so a slow search never blocks
-the event loop (health checks still answer). Bad input is a 422 with a JSON `detail`, non-finite
-numbers included: Python's JSON parser accepts `NaN` and `Infinity`, validation then rejects
-them for every field, and the error handler writes them as strings (Starlette's default refuses
-to encode NaN, which turned `"k": NaN` into a plain-text 500).
+With batching, a request never holds a thread: on the event loop it is validated, looked up in
+the cache (an in-process dict or a SQLite read), and its misses are awaited from the batching
+thread, which also writes them to the cache, once per index call. Without batching, each request
+is searched alone in FastAPI's threadpool, as before. Either way /health answers while searches
+run. Bad input is a 422 with a JSON `detail`, non-finite numbers included: Python's JSON parser
+accepts `NaN` and `Infinity`, validation then rejects them for every field, and the error handler
+writes them as strings (Starlette's default refuses to encode NaN, which turned `"k": NaN` into a
+plain-text 500).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -38,6 +42,7 @@ import time
 import uuid
 
 from fastapi import FastAPI, HTTPException, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import to_json
@@ -50,11 +55,6 @@ from searchrl.retrieval.batching import BatchingRetriever
 from searchrl.retrieval.querycache import CachedRetriever, LocalCache, SharedCache
 
 log = logging.getLogger(__name__)
-
-# Request handler threads per worker (Starlette's default is 40): each waits on the batcher, so
-# more of them let more concurrent requests share one index call.
-HANDLER_THREADS = 256
-
 
 class ServerLimits(StrictModel):
     """Request limits that keep one client from stalling or exhausting the server. The defaults
@@ -135,16 +135,18 @@ class ServerStats:
     """One worker's counters; with a `SharedCache` they are published into its file (every
     `publish_s` while they change, and on each `/stats`), and `/stats` sums every worker's."""
 
-    def __init__(self, index: _CountedIndex, cached: CachedRetriever | None, cache, publish_s: float = 0.25) -> None:
-        self.index, self.cached, self.cache = index, cached, cache
+    def __init__(self, index: _CountedIndex, cached: CachedRetriever | None, publish_s: float = 0.25) -> None:
+        self.index, self.cached = index, cached
+        self.cache = cached.cache if cached is not None else None
         self.requests = self.queries = self.truncated = 0
         self._lock = threading.Lock()
         self._worker = uuid.uuid4().hex
         self._published: dict | None = None
-        if isinstance(cache, SharedCache):
+        if isinstance(self.cache, SharedCache):
             threading.Thread(target=self._publish_every, args=(publish_s,), daemon=True).start()
 
     def request(self, queries: int, truncated: int) -> None:
+        """A request with `queries` non-blank queries, `truncated` of them cut."""
         with self._lock:
             self.requests += 1
             self.queries += queries
@@ -216,22 +218,13 @@ def create_app(
     limits = limits or ServerLimits()
     kind = getattr(retriever, "kind", type(retriever).__name__)
     index = _CountedIndex(retriever)
-    pipeline: Retriever = index
-    if batch_window_ms > 0:
-        pipeline = BatchingRetriever(index, batch_window_ms / 1000, batch_max_queries)
-    cached = None
-    if cache is not None:
-        pipeline = cached = CachedRetriever(pipeline, cache)
-    stats = ServerStats(index, cached, cache)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_app: FastAPI):
-        import anyio.to_thread
-
-        anyio.to_thread.current_default_thread_limiter().total_tokens = HANDLER_THREADS
-        yield
-
-    app = FastAPI(title="searchrl retrieval server", docs_url="/docs", redoc_url=None, lifespan=lifespan)
+    cached = CachedRetriever(index, cache) if cache is not None else None
+    stats = ServerStats(index, cached)
+    batcher = None
+    if batch_window_ms > 0:  # the cache is written on the batching thread, once per index call
+        store = cache.put_many if cache is not None else None
+        batcher = BatchingRetriever(index, batch_window_ms / 1000, batch_max_queries, on_results=store)
+    app = FastAPI(title="searchrl retrieval server", docs_url="/docs", redoc_url=None)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, exc: RequestValidationError) -> Response:
@@ -244,7 +237,20 @@ def create_app(
         log.exception("unhandled error")
         return _json({"detail": f"server error: {type(exc).__name__}: {exc}"}, 500)
 
-    def search(queries: list[str], k: int) -> list[list[Passage]]:
+    async def run(queries: list[str], k: int) -> list[list[Passage]]:
+        if batcher is None:  # each request searched alone, in a worker thread, under the index lock
+            return await run_in_threadpool((index if cached is None else cached).search, queries, k)
+        if cached is None:
+            return await asyncio.wrap_future(batcher.submit(queries, k))
+        # On the event loop: a lookup is a dict or a SQLite read; only misses wait for the batcher.
+        started = time.perf_counter()
+        lookup = cached.lookup(queries, k)
+        if lookup.missing:
+            lookup.fill(await asyncio.wrap_future(batcher.submit(list(lookup.missing), k)))
+        cached.count(lookup.asked, lookup.hits, started)
+        return lookup.out
+
+    async def search(queries: list[str], k: int) -> list[list[Passage]]:
         if len(queries) > limits.max_batch:
             raise HTTPException(
                 413,
@@ -261,7 +267,7 @@ def create_app(
         queries, truncated = _truncate(queries, limits.max_query_chars)
         stats.request(sum(1 for q in queries if q and q.strip()), truncated)
         try:
-            results = pipeline.search(queries, k)
+            results = await run(queries, k)
         except Exception as exc:  # the client sees why, and retries: the cause may be transient
             log.exception("backend %s failed on %d queries", kind, len(queries))
             raise HTTPException(
@@ -275,8 +281,8 @@ def create_app(
         return results
 
     @app.post("/search")
-    def native(req: SearchRequest) -> Response:
-        results = search(req.queries, req.k)
+    async def native(req: SearchRequest) -> Response:
+        results = await search(req.queries, req.k)
         return _json(
             {
                 "results": [
@@ -287,8 +293,8 @@ def create_app(
         )
 
     @app.post("/queries")
-    def r1searcher(req: R1SearcherRequest) -> Response:
-        results = search(req.queries, req.k)
+    async def r1searcher(req: R1SearcherRequest) -> Response:
+        results = await search(req.queries, req.k)
         return _json(
             {
                 "queries": req.queries,
@@ -299,8 +305,8 @@ def create_app(
         )
 
     @app.post("/retrieve")
-    def search_r1(req: SearchR1Request) -> Response:
-        results = search(req.queries, req.topk)
+    async def search_r1(req: SearchR1Request) -> Response:
+        results = await search(req.queries, req.topk)
         if req.return_scores:
             out = [
                 [
@@ -314,7 +320,7 @@ def create_app(
         return _json({"result": out})
 
     @app.get("/health")
-    def health() -> dict:
+    async def health() -> dict:
         return {"status": "ok", "kind": kind, "passages": _passage_count(retriever)}
 
     @app.get("/stats")

@@ -118,7 +118,7 @@ def build_app(plan: WorkerPlan):
     _log_to_stderr()
     cfg = plan.config
     if plan.cache_file is not None:
-        cache = SharedCache(plan.cache_file, plan.index_id, cfg.cache_size)
+        cache = SharedCache(plan.cache_file, plan.index_id, cfg.cache_size, write_behind=True)
     else:
         cache = LocalCache(cfg.cache_size) if cfg.cache_size else None
     return create_app(
