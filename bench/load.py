@@ -35,11 +35,11 @@ Last line: `name=value` pairs, ratios first.
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import random
 import re
+import socket
 import statistics
 import subprocess
 import sys
@@ -57,6 +57,7 @@ from searchrl.retrieval.server import free_port
 
 GROUP = 16  # rollouts per question (R1-Searcher's samples per prompt)
 QUERY = re.compile(r"<\|begin_of_query\|>(.*?)<\|end_of_query\|>", re.DOTALL)
+CONTENT_LENGTH = re.compile(rb"(?i)\r\ncontent-length:\s*(\d+)")
 
 
 def load_pool(data: Path) -> tuple[list[list[str]], int]:
@@ -143,6 +144,47 @@ class Cell:
         return self.queries / self.wall_s if self.wall_s else 0.0
 
 
+class Connection:
+    """A keep-alive HTTP/1.1 connection that sends a POST and reads the answer's status and body
+    (by Content-Length), nothing more: the load generator shares the machine with the servers, so
+    it must cost little (http.client's header parsing made it a third of the CPU at batch 1)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.sock: socket.socket | None = None
+        self.buf = b""
+
+    def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        if self.sock is None:
+            self.sock = socket.create_connection((self.host, self.port), timeout=300)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        )
+        self.sock.sendall(head.encode() + body)
+        while b"\r\n\r\n" not in self.buf:
+            self._read()
+        head_bytes, _, rest = self.buf.partition(b"\r\n\r\n")
+        length = int(CONTENT_LENGTH.search(head_bytes).group(1))
+        self.buf = rest
+        while len(self.buf) < length:
+            self._read()
+        content, self.buf = self.buf[:length], self.buf[length:]
+        return int(head_bytes[9:12]), content
+
+    def _read(self) -> None:
+        chunk = self.sock.recv(1 << 18)
+        if not chunk:
+            raise ConnectionError("the server closed the connection")
+        self.buf += chunk
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+        self.sock, self.buf = None, b""
+
+
 def run_cell(
     url: str, traffic: Traffic, clients: int, batch: int, k: int, seconds: float, max_requests: int
 ) -> Cell:
@@ -154,7 +196,7 @@ def run_cell(
 
     def client(c: int) -> None:
         stream = Client(traffic, c, batch)
-        conn = http.client.HTTPConnection(host, int(port), timeout=300)
+        conn = Connection(host, int(port))
         start.wait()
         while not stop.is_set():
             with lock:
@@ -165,16 +207,14 @@ def run_cell(
             body = to_json({"queries": queries, "k": k})
             t = time.perf_counter()
             try:
-                conn.request("POST", "/search", body, {"Content-Type": "application/json"})
-                resp = conn.getresponse()
-                content = resp.read()
-                if resp.status != 200:
-                    raise RuntimeError(f"HTTP {resp.status}: {content[:200]!r}")
+                status, content = conn.post("/search", body)
+                if status != 200:
+                    raise RuntimeError(f"HTTP {status}: {content[:200]!r}")
                 if len(from_json(content)["results"]) != len(queries):
                     raise RuntimeError("wrong number of result lists")
             except Exception as exc:  # noqa: BLE001 - counted: a load test reports failures, it does not retry
                 conn.close()
-                conn = http.client.HTTPConnection(host, int(port), timeout=300)
+                conn = Connection(host, int(port))
                 with lock:
                     cell.errors += 1
                     cell.first_error = cell.first_error or f"{type(exc).__name__}: {exc}"

@@ -353,3 +353,30 @@ def test_entries_written_behind_are_read_here_at_once_and_elsewhere_once_written
     assert writer.get_many(["q"], 3) == [one]  # queued or written: this process sees it now
     writer.flush()
     assert other.get_many(["q"], 3) == [one] and len(other) == 1
+
+
+def test_a_query_that_arrives_while_its_twin_is_searched_is_not_searched_again():
+    retriever = Gated()
+    app = create_app(retriever, batch_window_ms=50, cache=LocalCache(10))
+    with serve_in_background(app) as url, HttpRetriever(url) as http:
+        got: dict[str, list] = {}
+        first = threading.Thread(
+            target=lambda: got.__setitem__("first", http.search(["capital of France"], 2))
+        )
+        first.start()
+        assert retriever.entered.wait(10)  # being searched; the twin misses the cache on arrival
+        twin = threading.Thread(
+            target=lambda: got.__setitem__("twin", http.search(["capital  of France"], 2))
+        )
+        twin.start()
+        deadline = time.monotonic() + 10
+        while httpx.get(url + "/stats").json()["requests"] < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        retriever.release.set()
+        first.join(10)
+        twin.join(10)
+        stats = httpx.get(url + "/stats").json()
+    assert retriever.calls == [1]  # the batching thread found it in the cache before searching
+    assert got["twin"] == got["first"] == WordOverlap().search(["capital of France"], 2)
+    assert (stats["cache"]["hits"], stats["index"]["queries"]) == (1, 1)

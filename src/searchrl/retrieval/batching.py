@@ -11,6 +11,10 @@ request larger than `max_queries` is searched alone, whole.
 While the index is busy, requests queue up and the next call takes them all: under load batches
 form without waiting. The window is waited out only while traffic is concurrent (the last call
 served more than one request); a client alone is never delayed by it.
+
+With a `cache`, this thread writes each call's results into it and looks the batch up again just
+before searching: a query that arrived while its twin was being searched (the 16 rollouts of a
+question come at nearly the same moment) is answered from the cache, not searched twice.
 """
 
 from __future__ import annotations
@@ -19,17 +23,14 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future
 
 from searchrl.data.types import Passage
 from searchrl.errors import SearchRLError
 from searchrl.retrieval.base import Retriever
+from searchrl.retrieval.querycache import LocalCache, SharedCache
 
 log = logging.getLogger(__name__)
-
-# Called on the batching thread after each index call has been answered: (queries, k, results).
-OnResults = Callable[[list[str], int, list[list[Passage]]], None]
 
 
 class BatchingRetriever(Retriever):
@@ -38,14 +39,15 @@ class BatchingRetriever(Retriever):
         inner: Retriever,
         window_s: float,
         max_queries: int = 1024,
-        on_results: OnResults | None = None,
+        cache: LocalCache | SharedCache | None = None,
     ) -> None:
         if window_s <= 0 or max_queries < 1:
             raise SearchRLError(
                 f"batching needs window_s > 0 and max_queries >= 1 (got {window_s}, {max_queries})"
             )
         self.inner, self.window_s, self.max_queries = inner, window_s, max_queries
-        self.on_results = on_results
+        self.cache = cache
+        self.cache_hits = 0  # queries found in the cache just before searching
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._concurrent = False  # the last call served more than one request
         self._thread = threading.Thread(target=self._run, name="searchrl-batcher", daemon=True)
@@ -93,23 +95,31 @@ class BatchingRetriever(Retriever):
     def _answer(self, jobs: list, k: int) -> None:
         distinct = list(dict.fromkeys(q for queries, _, _ in jobs for q in queries))
         try:
-            results = self.inner.search(distinct, k)
-            if len(results) != len(distinct):
+            found = (
+                self.cache.get_many(distinct, k)
+                if self.cache is not None
+                else [None] * len(distinct)
+            )
+            by_query = {q: hit for q, hit in zip(distinct, found) if hit is not None}
+            todo = [q for q in distinct if q not in by_query]
+            results = self.inner.search(todo, k) if todo else []
+            if len(results) != len(todo):
                 raise SearchRLError(
-                    f"retriever returned {len(results)} result lists for {len(distinct)} queries"
+                    f"retriever returned {len(results)} result lists for {len(todo)} queries"
                 )
         except Exception as exc:  # noqa: BLE001 - every waiting request gets the failure; the thread goes on
             for _, _, done in jobs:
                 done.set_exception(exc)
             return
-        by_query = dict(zip(distinct, results))
+        self.cache_hits += len(by_query)
+        by_query |= dict(zip(todo, results))
         for queries, _, done in jobs:
             done.set_result([list(by_query[q]) for q in queries])
-        if self.on_results is not None:
+        if self.cache is not None and todo:
             try:
-                self.on_results(distinct, k, results)
+                self.cache.put_many(todo, k, results)
             except Exception:  # a failed cache write costs searches later, not this answer
-                log.exception("storing %d results failed", len(distinct))
+                log.exception("storing %d results failed", len(todo))
 
     def check(self) -> None:
         self.inner.check()

@@ -138,6 +138,7 @@ class ServerStats:
     def __init__(self, index: _CountedIndex, cached: CachedRetriever | None, publish_s: float = 0.25) -> None:
         self.index, self.cached = index, cached
         self.cache = cached.cache if cached is not None else None
+        self.batcher: BatchingRetriever | None = None  # its cache hits count too
         self.requests = self.queries = self.truncated = 0
         self._lock = threading.Lock()
         self._worker = uuid.uuid4().hex
@@ -157,7 +158,8 @@ class ServerStats:
             requests, queries, truncated = self.requests, self.queries, self.truncated
         return {
             "requests": requests, "queries": queries, "truncated_queries": truncated,
-            "cache_hits": self.cached.counts().cache_hits if self.cached is not None else 0,
+            "cache_hits": (self.cached.counts().cache_hits if self.cached is not None else 0)
+            + (self.batcher.cache_hits if self.batcher is not None else 0),
             "index_calls": self.index.calls, "index_queries": self.index.queries, "index_seconds": self.index.seconds,
         }
 
@@ -222,8 +224,8 @@ def create_app(
     stats = ServerStats(index, cached)
     batcher = None
     if batch_window_ms > 0:  # the cache is written on the batching thread, once per index call
-        store = cache.put_many if cache is not None else None
-        batcher = BatchingRetriever(index, batch_window_ms / 1000, batch_max_queries, on_results=store)
+        batcher = BatchingRetriever(index, batch_window_ms / 1000, batch_max_queries, cache=cache)
+    stats.batcher = batcher
     app = FastAPI(title="searchrl retrieval server", docs_url="/docs", redoc_url=None)
 
     @app.exception_handler(RequestValidationError)
