@@ -12,9 +12,10 @@ While the index is busy, requests queue up and the next call takes them all: und
 form without waiting. The window is waited out only while traffic is concurrent (the last call
 served more than one request); a client alone is never delayed by it.
 
-With a `cache`, this thread writes each call's results into it and looks the batch up again just
-before searching: a query that arrived while its twin was being searched (the 16 rollouts of a
-question come at nearly the same moment) is answered from the cache, not searched twice.
+With a `cache`, this thread writes each call's results into it and, when a request waited behind
+an index call, looks the batch up again just before searching: a query that arrived while its
+twin was being searched (the 16 rollouts of a question come at nearly the same moment) is
+answered from the cache, not searched twice.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class BatchingRetriever(Retriever):
         self.cache_hits = 0  # queries found in the cache just before searching
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._concurrent = False  # the last call served more than one request
+        self._free_since = 0.0  # when the last index call ended (time.monotonic())
         self._thread = threading.Thread(target=self._run, name="searchrl-batcher", daemon=True)
         self._thread.start()
 
@@ -57,7 +59,7 @@ class BatchingRetriever(Retriever):
         """Queue a search; the future's result is one passage list per query."""
         done: Future = Future()
         if queries:
-            self._jobs.put((queries, k, done))
+            self._jobs.put((queries, k, done, time.monotonic()))
         else:
             done.set_result([])
         return done
@@ -89,17 +91,16 @@ class BatchingRetriever(Retriever):
                 jobs.append(job)
                 n += len(job[0])
             self._concurrent = len(jobs) > 1
+            # A request queued before the last call ended may have a twin that call answered.
+            waited = self.cache is not None and min(job[3] for job in jobs) < self._free_since
             for k in dict.fromkeys(job[1] for job in jobs):
-                self._answer([job for job in jobs if job[1] == k], k)
+                self._answer([job for job in jobs if job[1] == k], k, waited)
+            self._free_since = time.monotonic()
 
-    def _answer(self, jobs: list, k: int) -> None:
-        distinct = list(dict.fromkeys(q for queries, _, _ in jobs for q in queries))
+    def _answer(self, jobs: list, k: int, recheck: bool) -> None:
+        distinct = list(dict.fromkeys(q for queries, _, _, _ in jobs for q in queries))
         try:
-            found = (
-                self.cache.get_many(distinct, k)
-                if self.cache is not None
-                else [None] * len(distinct)
-            )
+            found = self.cache.get_many(distinct, k) if recheck else [None] * len(distinct)
             by_query = {q: hit for q, hit in zip(distinct, found) if hit is not None}
             todo = [q for q in distinct if q not in by_query]
             results = self.inner.search(todo, k) if todo else []
@@ -108,12 +109,12 @@ class BatchingRetriever(Retriever):
                     f"retriever returned {len(results)} result lists for {len(todo)} queries"
                 )
         except Exception as exc:  # noqa: BLE001 - every waiting request gets the failure; the thread goes on
-            for _, _, done in jobs:
+            for _, _, done, _ in jobs:
                 done.set_exception(exc)
             return
         self.cache_hits += len(by_query)
         by_query |= dict(zip(todo, results))
-        for queries, _, done in jobs:
+        for queries, _, done, _ in jobs:
             done.set_result([list(by_query[q]) for q in queries])
         if self.cache is not None and todo:
             try:
