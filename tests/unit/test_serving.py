@@ -38,11 +38,12 @@ def cache(request, tmp_path):
     made.close()
 
 
+@pytest.mark.parametrize("window_ms", [0, 2])  # searched in the threadpool, or by the batching thread
 @pytest.mark.parametrize(("path", "extra"), DIALECTS)
-def test_cache_hits_return_what_a_miss_returns(cache, path, extra):
+def test_cache_hits_return_what_a_miss_returns(cache, path, extra, window_ms):
     retriever = WordOverlap()
     plain = TestClient(create_app(WordOverlap()))
-    client = TestClient(create_app(retriever, cache=cache))
+    client = TestClient(create_app(retriever, batch_window_ms=window_ms, cache=cache))
     want = plain.post(path, json={"queries": QUERIES, **extra}).json()
     miss = client.post(path, json={"queries": QUERIES, **extra}).json()
     assert retriever.calls == [3]

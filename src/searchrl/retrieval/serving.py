@@ -111,7 +111,8 @@ def index_identity(source: str) -> str:
 
 
 def build_app(plan: WorkerPlan):
-    """One worker's app: the index opened here (memory-mapped), the cache, batching, limits."""
+    """One worker's app: the index opened here (memory-mapped) and warmed up, the cache,
+    batching, limits."""
     from searchrl.retrieval import open_retriever
     from searchrl.retrieval.querycache import LocalCache, SharedCache
 
@@ -121,8 +122,13 @@ def build_app(plan: WorkerPlan):
         cache = SharedCache(plan.cache_file, plan.index_id, cfg.cache_size, write_behind=True)
     else:
         cache = LocalCache(cfg.cache_size) if cfg.cache_size else None
+    retriever = open_retriever(plan.source)
+    if urlsplit(plan.source).scheme not in ("http", "https"):
+        # Load now what the first search would (a dense index's query encoder, the index pages):
+        # a worker takes requests only once it answers them at full speed.
+        retriever.search(["warm up"], 1)
     return create_app(
-        open_retriever(plan.source),
+        retriever,
         cfg.limits,
         batch_window_ms=cfg.batch_window_ms,
         batch_max_queries=cfg.batch_max_queries,
