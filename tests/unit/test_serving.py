@@ -143,7 +143,7 @@ def test_an_overlong_query_is_truncated_and_logged_while_the_others_are_unaffect
     )
     assert got[1] == retriever.search([long[:2000]], 2)[0] and got[1][0].id == "p2"
     assert retriever.calls[0] == 3 and len(retriever.calls) == 4  # one call for the batch
-    assert "query 1 of 3 has 5000 characters: truncated to max_query_chars=2000" in caplog.text
+    assert "1 of 3 queries truncated to max_query_chars=2000 (query 1 has 5000 characters)" in caplog.text
     assert client.get("/stats").json()["truncated_queries"] == 1
 
 

@@ -242,16 +242,18 @@ def create_app(
 
 
 def _truncate(queries: list[str], max_chars: int) -> tuple[list[str], int]:
-    """`queries` with each one longer than `max_chars` cut to that length (each cut logged)."""
+    """`queries` with each one longer than `max_chars` cut to that length; one log line a request."""
     cut = [i for i, q in enumerate(queries) if len(q) > max_chars]
     if not cut:
         return queries, 0
+    longest = max(cut, key=lambda i: len(queries[i]))
+    log.warning(
+        "%d of %d queries truncated to max_query_chars=%d (query %d has %d characters); "
+        "`searchrl serve --max-query-chars` raises the limit",
+        len(cut), len(queries), max_chars, longest, len(queries[longest]),
+    )
     out = list(queries)
     for i in cut:
-        log.warning(
-            "query %d of %d has %d characters: truncated to max_query_chars=%d (`searchrl serve --max-query-chars`)",
-            i, len(queries), len(queries[i]), max_chars,
-        )
         out[i] = queries[i][:max_chars]
     return out, len(cut)
 
