@@ -38,7 +38,8 @@ def cache(request, tmp_path):
     made.close()
 
 
-@pytest.mark.parametrize("window_ms", [0, 2])  # searched in the threadpool, or by the batching thread
+# window 0: searched in the threadpool; 2 ms: by the batching thread
+@pytest.mark.parametrize("window_ms", [0, 2])
 @pytest.mark.parametrize(("path", "extra"), DIALECTS)
 def test_cache_hits_return_what_a_miss_returns(cache, path, extra, window_ms):
     retriever = WordOverlap()
@@ -143,7 +144,10 @@ def test_an_overlong_query_is_truncated_and_logged_while_the_others_are_unaffect
     )
     assert got[1] == retriever.search([long[:2000]], 2)[0] and got[1][0].id == "p2"
     assert retriever.calls[0] == 3 and len(retriever.calls) == 4  # one call for the batch
-    assert "1 of 3 queries truncated to max_query_chars=2000 (query 1 has 5000 characters)" in caplog.text
+    assert (
+        "1 of 3 queries truncated to max_query_chars=2000 (query 1 has 5000 characters)"
+        in caplog.text
+    )
     assert client.get("/stats").json()["truncated_queries"] == 1
 
 

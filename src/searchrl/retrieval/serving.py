@@ -3,11 +3,13 @@
 Workers are uvicorn's own multi-process mode (`workers=N`): the parent binds the socket,
 supervises, and replaces a worker that dies; each worker builds its app with `worker_app` from
 the plan the parent left in `$SEARCHRL_SERVE`. Each worker opens the index itself, memory-mapped
-(`open_index` maps BM25 score matrices, FAISS vectors and the passage store), so N workers share
-one copy of the index files in the page cache and pay only for their private state (the query
-encoder: ~90 MB for MiniLM). Forking workers from a parent that had loaded the index would share
+(`open_index` maps the passage store, BM25 score matrices and the FAISS indexes that allow it:
+flat codes, IVF lists), so N workers share one copy of those files in the page cache and pay only
+for their private state (the query encoder: ~90 MB for MiniLM; an HNSW graph, which FAISS cannot
+map, is read by each worker). Forking workers from a parent that had loaded the index would share
 the same pages, but would hand torch's and FAISS's thread pools to the children mid-state, which
-is not fork-safe. Every worker gets `OMP_NUM_THREADS` = cores / workers unless it is set.
+is not fork-safe. Every worker gets `OMP_NUM_THREADS` = cores / workers unless it is set, and
+answers requests only once a first search has loaded what searching needs.
 
 The result cache is `SharedCache`, a SQLite file: by default a fresh one in /dev/shm (memory)
 removed on exit, or `--cache-file` to keep it across restarts; its keys carry the index's
@@ -184,9 +186,8 @@ def _cache_file(cfg: ServeConfig, index_id: str) -> Iterator[str | None]:
         tmp = tempfile.mkdtemp(prefix="searchrl-serve-", dir=shm)
     path = cfg.cache_file or os.path.join(tmp, "cache.sqlite")
     try:
-        cache = SharedCache(
-            path, index_id, cfg.cache_size
-        )  # fails here, once, if the file is unusable
+        # An unusable file fails here, once, not in every worker.
+        cache = SharedCache(path, index_id, cfg.cache_size)
         cache.forget_counters()
         cache.close()
         yield path
