@@ -59,15 +59,22 @@ def serve(
     index: str = typer.Option(..., help="Index directory (from `searchrl index build`) or a catalog name (toyworld, localwiki)."),
     host: str = typer.Option("127.0.0.1", help="Interface to bind. The API has no authentication: use 0.0.0.0 only on a trusted network."),
     port: int = typer.Option(8000, min=1, max=65535, help="TCP port to listen on."),
-    max_batch: int = typer.Option(512, min=1, help="Most queries accepted in one request (larger batches get HTTP 413)."),
+    workers: int = typer.Option(1, min=1, help="Worker processes behind the one port, sharing the memory-mapped index and the result cache (up to one per core)."),
+    batch_window_ms: float = typer.Option(2.0, min=0, max=1000, help="Gather concurrent requests for this long into one index call; 0 turns batching off."),
+    batch_max_queries: int = typer.Option(1024, min=1, help="Most queries gathered into one index call."),
+    cache_size: int = typer.Option(100_000, min=0, help="Result cache entries, keyed by (index, normalised query, k); 0 turns the cache off."),
+    cache_file: str | None = typer.Option(None, help="SQLite file for the cache, kept across restarts (default: a temporary one)."),
+    max_batch: int = typer.Option(4096, min=1, help="Most queries accepted in one request (larger batches get HTTP 413)."),
     max_k: int = typer.Option(100, min=1, help="Most passages per query a client may ask for (more gets HTTP 422)."),
-    max_query_chars: int = typer.Option(2000, min=1, help="Longest query accepted, in characters (longer gets HTTP 413)."),
+    max_query_chars: int = typer.Option(2000, min=1, help="Longer queries are cut to this many characters (and logged)."),
 ) -> None:
-    """Serve an index over HTTP: native /search, R1-Searcher /queries, Search-R1 /retrieve, /health."""
-    from searchrl.retrieval import open_retriever, server
+    """Serve an index over HTTP: native /search, R1-Searcher /queries, Search-R1 /retrieve, /health, /stats."""
+    from searchrl.retrieval import serving
+    from searchrl.retrieval.server import ServerLimits
 
-    limits = server.ServerLimits(max_batch=max_batch, max_k=max_k, max_query_chars=max_query_chars)
-    server.serve(open_retriever(index), host=host, port=port, limits=limits)
+    limits = ServerLimits(max_batch=max_batch, max_k=max_k, max_query_chars=max_query_chars)
+    serving.serve(serving.ServeConfig(index=index, host=host, port=port, workers=workers, batch_window_ms=batch_window_ms,
+                           batch_max_queries=batch_max_queries, cache_size=cache_size, cache_file=cache_file, limits=limits))
 
 
 # --- datasets catalog ---

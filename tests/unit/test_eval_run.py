@@ -119,6 +119,10 @@ def test_agent_run_numbers(world, tmp_path, tokenizer):
     assert metrics["stop_reasons"] == {"answer": 3}
     assert metrics["mean_generated_tokens"] == pytest.approx(sum(r["n_policy_tokens"] for r in recs) / 3)
     assert "token_ids" not in recs[0]  # no --dump-tokens
+    # Three distinct queries, none from the in-process cache; the time spent searching them.
+    assert (metrics["retrieval_queries"], metrics["retrieval_cache_hits"], metrics["retrieval_cache_hit_rate"]) == (3, 0, 0.0)
+    assert 0 < metrics["retrieval_s"] <= metrics["seconds"]
+    assert "| queries searched (cache hit %), seconds in search | 3 (0.0), " in (tmp_path / "agent" / "metrics.md").read_text()
 
 
 def test_format_rate_follows_the_think_rule_the_model_trained_with(world, tmp_path, tokenizer):
@@ -447,7 +451,7 @@ def test_interrupted_eval_resumes_without_redoing_finished_questions(world, tmp_
                        backend=ScriptedBackend(tokenizer, lambda text: asked.append(_question_of(text)) or agent_policy(text)))
     assert set(asked) == {QUESTIONS[2].question}
     assert _stable(out / "predictions.jsonl") == _stable(tmp_path / "ref" / "agent" / "predictions.jsonl")
-    assert {**metrics, "seconds": 0} == {**reference, "seconds": 0}
+    assert {**metrics, "seconds": 0, "retrieval_s": 0} == {**reference, "seconds": 0, "retrieval_s": 0}
     assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "metrics.json", "metrics.md", "predictions.jsonl"]
 
 

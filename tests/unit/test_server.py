@@ -129,12 +129,6 @@ def test_health_reports_kind_and_size(client):
             413,
             ["9 queries", "max_batch=8", "--max-batch"],
         ),
-        (
-            "/queries",
-            {"queries": ["ok", "x" * 51], "k": 1},
-            413,
-            ["query 1", "51 characters", "max_query_chars=50", "--max-query-chars"],
-        ),
         ("/retrieve", {"queries": ["a"], "topk": 5}, 422, ["k=5", "max_k=4", "--max-k"]),
     ],
 )
@@ -189,7 +183,6 @@ def test_blank_queries_get_empty_lists_without_a_request(live, retriever):
     ("queries", "k", "needle"),
     [
         (["q"] * 9, 1, "--max-batch"),
-        (["y" * 60], 1, "--max-query-chars"),
         (["q"], 10, "--max-k"),
         (["q"], 0, "k: Input should be greater than or equal to 1"),
     ],

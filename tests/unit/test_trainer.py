@@ -17,6 +17,7 @@ from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.data.types import Question
 from searchrl.errors import SearchRLError
 from searchrl.protocol import Protocol
+from searchrl.retrieval.querycache import RetrievalCounts
 from searchrl.rewards import FORMAT_RULES
 from searchrl.rl import actor as actor_module
 from searchrl.rl import logprobs, preflight, step, trainer
@@ -99,6 +100,7 @@ def test_resume_after_crash_equals_uninterrupted_run(world, tmp_path, varied_rew
     assert (full / "config.yaml").is_file()
     assert list((full / "tb").glob("events.out.tfevents.*"))  # TensorBoard mirror of metrics.jsonl
     assert {f"format_failed_{rule}" for rule in FORMAT_RULES} <= set(a[0])  # why format_ok is low
+    assert (a[0]["retrieval_queries"], a[0]["retrieval_cache_hit_rate"]) == (0, None)  # a random model never searches
     rec = json.loads((full / "samples" / "step_0001.jsonl").read_text().splitlines()[0])
     assert {"segments", "answers", "prediction", "reward", "format_ok", "question"} <= set(rec)
     assert "token_ids" not in rec and set(rec["reward"]) >= {"total", "retrieve", "format", "answer"}
@@ -135,6 +137,9 @@ def _step(actor: Actor, trajs: list[Trajectory], questions: list[Question]):
 
         def spent(self):
             return {}
+
+        def searched(self):
+            return RetrievalCounts()
 
     at = step.StepIndex(stage=2, step=1, stage_step=0, seed=1)
     return step.train_step(actor, FixedWorker(), cfg.stage2, questions, at)
@@ -344,3 +349,29 @@ def test_a_config_extends_another_and_overrides_only_what_it_sets(tmp_path):
     (tmp_path / "c.yaml").write_text("extends: missing.yaml\n")
     with pytest.raises(SearchRLError, match="missing.yaml does not exist"):
         load_config(TrainConfig, tmp_path / "c.yaml")
+
+
+def test_steps_log_retrieval_time_and_the_query_cache_hit_rate(world, tmp_path, monkeypatch):
+    """Two steps on one question, two samples each, both searching the same query: step 1 searches
+    it once for both (hit rate 1/2), step 2 finds it in the in-process cache (1)."""
+    from searchrl.rl import rollout_worker
+    from searchrl.rollout.scripted import ScriptedBackend
+    from searchrl.tags import SEARCH_R1_TAGS
+
+    real_create = rollout_worker.RolloutWorker.create
+
+    def scripted(cls, actor, retriever, protocol):
+        worker = real_create(actor, retriever, protocol)
+        worker.engine.backend = ScriptedBackend(actor.tokenizer, lambda text: (
+            " <search>Town 0 river</search>" if SEARCH_R1_TAGS.docs_open not in text else "</think>\n<answer>R0</answer>"))
+        return worker
+
+    monkeypatch.setattr(rollout_worker.RolloutWorker, "create", classmethod(scripted))
+    run = tmp_path / "run"
+    trainer.train(load_config(TrainConfig, None, _overrides(
+        world, run, "protocol.tags=search-r1", "stage1.steps=2", "stage2.enabled=false", "stage1.prompts_per_step=1",
+        "rollout.max_new_tokens=24", "algorithm.kl_coef=0", "logging.tensorboard=false")))
+    steps = read_metrics(run)
+    assert [(r["retrieval_queries"], r["retrieval_cache_hit_rate"]) for r in steps] == [(2, 0.5), (2, 1.0)]
+    assert all(0 < r["retrieval_s"] < r["rollout_seconds"] for r in steps)
+    assert {"retrieval_s", "retrieval_cache_hit_rate"} <= set(step.TIMING_KEYS)  # differ in a resumed run

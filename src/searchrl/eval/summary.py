@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from searchrl.eval.spending import spending_rows
+from searchrl.eval.spending import cache_hit_rate, spending_rows
 
 if TYPE_CHECKING:
     from searchrl.eval.run import EvalConfig
@@ -30,7 +30,8 @@ def summarize(cfg: EvalConfig, recs: Sequence[dict], spent: dict) -> dict:
     """metrics.json: answer scores (via `score_records`, so they equal `searchrl eval score`),
     search and format rates, policy tokens per question, retrieval recall, provenance, and what
     was `spent` over the runs of a resumed evaluation: `seconds` (wall time of retrieval +
-    generation; loading the model, data and index excluded), judge and web search counters."""
+    generation; loading the model, data and index excluded), judge and web search counters,
+    retrieval queries, cache hits and seconds in search (`retrieval_cache_hit_rate` from them)."""
     from searchrl.eval.score import score_records
 
     scores = score_records(recs)
@@ -52,6 +53,7 @@ def summarize(cfg: EvalConfig, recs: Sequence[dict], spent: dict) -> dict:
         "stop_reasons": dict(Counter(r["stop_reason"] for r in recs)),
         **spent,
         "seconds": round(spent["seconds"], 2),
+        **({"retrieval_cache_hit_rate": cache_hit_rate(spent)} if "retrieval_queries" in spent else {}),
         "model": cfg.model,
         "method": cfg.method,
         "dataset": cfg.dataset,

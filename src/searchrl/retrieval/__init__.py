@@ -18,6 +18,7 @@ from searchrl.config import StrictModel
 from searchrl.errors import SearchRLError
 from searchrl.retrieval.base import Retriever
 from searchrl.retrieval.http import HttpRetriever, RetryConfig
+from searchrl.retrieval.querycache import CachedRetriever, LocalCache
 from searchrl.retrieval.web.config import WebConfig
 
 
@@ -68,6 +69,10 @@ class RetrievalConfig(StrictModel):
     web: WebConfig = Field(
         default_factory=WebConfig, description="Online web search instead of an index or server (web.provider, `--web PROVIDER`).",
     )
+    cache_size: int = Field(
+        8192, ge=0, description="In-process result cache, (normalised query, k) pairs: the rollouts of one question often "
+        "search the same query. 0: off. Web search keeps its own cache (retrieval.web.cache) instead.",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> RetrievalConfig:
@@ -86,13 +91,15 @@ class RetrievalConfig(StrictModel):
             return f"web:{self.web.provider}"
         return self.url if self.url is not None else self.index
 
-    def open(self, run: str | None = None, new_run: bool = False) -> Retriever:
-        """The configured retriever. Web search counts against the budget of `run` (the run's
-        directory; None: this process alone), from zero when `new_run`."""
+    def open(self, run: str | None = None, new_run: bool = False) -> CachedRetriever:
+        """The configured retriever, behind the in-process cache, counting queries, cache hits
+        and seconds. Web search counts against the budget of `run` (the run's directory; None:
+        this process alone), from zero when `new_run`."""
         if self.source is None:
             raise SearchRLError("no retriever configured: set retrieval.index (e.g. toyworld), retrieval.url or retrieval.web")
         if self.web.provider is not None:
             from searchrl.retrieval.web.retriever import WebRetriever
 
-            return WebRetriever(self.web, run, new_run)
-        return open_retriever(self.source, self.api, self.retry)
+            return CachedRetriever(WebRetriever(self.web, run, new_run))
+        cache = LocalCache(self.cache_size) if self.cache_size else None
+        return CachedRetriever(open_retriever(self.source, self.api, self.retry), cache)

@@ -12,21 +12,36 @@
   `{"result": [[{"document": {"id", "contents"}, "score"}, ...], ...]}` (plain documents when
   `return_scores` is false); `contents` is `Passage.contents()`: `"<title>"\\n<text>`.
 - `GET /health` -> `{"status": "ok", "kind": ..., "passages": n | null}`.
+- `GET /stats` -> requests, queries, truncated queries, cache hits and hit rate, index calls and
+  their mean batch, summed over every worker process (`ServerStats`); `DELETE /cache` empties it.
 
-Endpoints are plain `def`s: FastAPI runs them in its threadpool, so a slow search never blocks
-the event loop (health checks still answer). A lock serialises the backend because index
-libraries (bm25s, faiss, torch encoders) make no thread-safety promise and already use every
-core inside one call, so concurrent calls would gain nothing.
+A search goes: limits (an over-long query is cut to `max_query_chars` and logged, not refused:
+one runaway rollout must not fail its whole batch) -> the result cache (optional) -> the batching
+window (`BatchingRetriever`, optional) -> the index, whose calls a lock serialises (index libraries
+make no thread-safety promise and use every core inside one call). `create_app` turns neither on
+unless asked; `searchrl serve` turns both on (`serving.py`).
+
+With batching, a request never holds a thread: on the event loop it is validated, looked up in
+the cache (an in-process dict or a SQLite read), and its misses are awaited from the batching
+thread, which also writes them to the cache, once per index call. Without batching, each request
+is searched alone in FastAPI's threadpool, as before. Either way /health answers while searches
+run. Bad input is a 422 with a JSON `detail`, non-finite numbers included: Python's JSON parser
+accepts `NaN` and `Infinity`, validation then rejects them for every field, and the error handler
+writes them as strings (Starlette's default refuses to encode NaN, which turned `"k": NaN` into a
+plain-text 500).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import threading
 import time
 
-from fastapi import FastAPI, HTTPException, Response
+from fastapi import FastAPI, HTTPException, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import to_json
 
@@ -34,18 +49,23 @@ from searchrl.config import StrictModel
 from searchrl.data.types import Passage
 from searchrl.errors import SearchRLError
 from searchrl.retrieval.base import Retriever
+from searchrl.retrieval.batching import BatchingRetriever
+from searchrl.retrieval.querycache import CachedRetriever, LocalCache, SharedCache
+from searchrl.retrieval.serverstats import CountedIndex, ServerStats
 
 log = logging.getLogger(__name__)
 
 
 class ServerLimits(StrictModel):
-    """Request limits that keep one client from stalling or exhausting the server."""
+    """Request limits that keep one client from stalling or exhausting the server. The defaults
+    accept what peers send with their shipped settings: Search-R1's GRPO scripts put 512 prompts x
+    5 rollouts = 2,560 queries in one `/retrieve` call."""
 
-    max_batch: int = Field(512, ge=1, description="Most queries in one request (`--max-batch`).")
+    max_batch: int = Field(4096, ge=1, description="Most queries in one request (`--max-batch`); more get HTTP 413.")
     max_query_chars: int = Field(
-        2000, ge=1, description="Longest query accepted (`--max-query-chars`)."
+        2000, ge=1, description="Longer queries are cut to this many characters and logged (`--max-query-chars`)."
     )
-    max_k: int = Field(100, ge=1, description="Most passages per query (`--max-k`).")
+    max_k: int = Field(100, ge=1, description="Most passages per query (`--max-k`); more get HTTP 422.")
 
 
 class _Request(BaseModel):
@@ -78,10 +98,10 @@ def _score(p: Passage) -> float | None:
     return None if p.score is None else float(p.score)
 
 
-def _json(payload: dict) -> Response:
+def _json(payload: dict, status: int = 200) -> Response:
     # pydantic-core's Rust encoder: several times faster than json.dumps on these nested lists,
     # and it skips FastAPI's response-model validation pass (the data is ours, already typed).
-    return Response(to_json(payload, inf_nan_mode="null"), media_type="application/json")
+    return Response(to_json(payload, inf_nan_mode="null"), status_code=status, media_type="application/json")
 
 
 def _passage_count(retriever: Retriever) -> int | None:
@@ -91,14 +111,53 @@ def _passage_count(retriever: Retriever) -> int | None:
         return None
 
 
-def create_app(retriever: Retriever, limits: ServerLimits | None = None) -> FastAPI:
-    """A FastAPI app answering the three search dialects from `retriever`."""
+def create_app(
+    retriever: Retriever,
+    limits: ServerLimits | None = None,
+    *,
+    batch_window_ms: float = 0.0,
+    batch_max_queries: int = 1024,
+    cache: LocalCache | SharedCache | None = None,
+) -> FastAPI:
+    """A FastAPI app answering the three search dialects from `retriever`.
+
+    `batch_window_ms` > 0 gathers concurrent requests into one index call (at most
+    `batch_max_queries` queries, a larger request alone); `cache` answers repeated queries."""
     limits = limits or ServerLimits()
-    lock = threading.Lock()
     kind = getattr(retriever, "kind", type(retriever).__name__)
+    index = CountedIndex(retriever)
+    cached = CachedRetriever(index, cache) if cache is not None else None
+    batcher = None
+    if batch_window_ms > 0:  # the cache is written on the batching thread, once per index call
+        batcher = BatchingRetriever(index, batch_window_ms / 1000, batch_max_queries, cache=cache)
+    stats = ServerStats(index, cached, batcher)
     app = FastAPI(title="searchrl retrieval server", docs_url="/docs", redoc_url=None)
 
-    def search(queries: list[str], k: int) -> list[list[Passage]]:
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request: Request, exc: RequestValidationError) -> Response:
+        # `input` may hold NaN or Infinity: written as strings, the body stays valid JSON.
+        detail = to_json({"detail": exc.errors()}, inf_nan_mode="strings", fallback=str)
+        return Response(detail, status_code=422, media_type="application/json")
+
+    @app.exception_handler(Exception)
+    async def crashed(_request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error")
+        return _json({"detail": f"server error: {type(exc).__name__}: {exc}"}, 500)
+
+    async def run(queries: list[str], k: int) -> list[list[Passage]]:
+        if batcher is None:  # each request searched alone, in a worker thread, under the index lock
+            return await run_in_threadpool((index if cached is None else cached).search, queries, k)
+        if cached is None:
+            return await asyncio.wrap_future(batcher.submit(queries, k))
+        # On the event loop: a lookup is a dict or a SQLite read; only misses wait for the batcher.
+        started = time.perf_counter()
+        lookup = cached.lookup(queries, k)
+        if lookup.missing:
+            lookup.fill(await asyncio.wrap_future(batcher.submit(list(lookup.missing), k)))
+        cached.count(lookup.asked, lookup.hits, started)
+        return lookup.out
+
+    async def search(queries: list[str], k: int) -> list[list[Passage]]:
         if len(queries) > limits.max_batch:
             raise HTTPException(
                 413,
@@ -106,23 +165,16 @@ def create_app(retriever: Retriever, limits: ServerLimits | None = None) -> Fast
                 f"send smaller batches (HttpRetriever(max_batch=...)) or restart the server with "
                 f"`searchrl serve --max-batch {len(queries)}`",
             )
-        for i, q in enumerate(queries):
-            if len(q) > limits.max_query_chars:
-                raise HTTPException(
-                    413,
-                    f"query {i} has {len(q)} characters, over the server limit "
-                    f"max_query_chars={limits.max_query_chars}; shorten it or restart the server with "
-                    f"`searchrl serve --max-query-chars {len(q)}`",
-                )
         if k > limits.max_k:
             raise HTTPException(
                 422,
                 f"k={k} exceeds the server limit max_k={limits.max_k}; ask for fewer passages or "
                 f"restart the server with `searchrl serve --max-k {k}`",
             )
+        queries, truncated = _truncate(queries, limits.max_query_chars)
+        stats.request(sum(1 for q in queries if q and q.strip()), truncated)
         try:
-            with lock:
-                results = retriever.search(queries, k)
+            results = await run(queries, k)
         except Exception as exc:  # the client sees why, and retries: the cause may be transient
             log.exception("backend %s failed on %d queries", kind, len(queries))
             raise HTTPException(
@@ -136,8 +188,8 @@ def create_app(retriever: Retriever, limits: ServerLimits | None = None) -> Fast
         return results
 
     @app.post("/search")
-    def native(req: SearchRequest) -> Response:
-        results = search(req.queries, req.k)
+    async def native(req: SearchRequest) -> Response:
+        results = await search(req.queries, req.k)
         return _json(
             {
                 "results": [
@@ -148,8 +200,8 @@ def create_app(retriever: Retriever, limits: ServerLimits | None = None) -> Fast
         )
 
     @app.post("/queries")
-    def r1searcher(req: R1SearcherRequest) -> Response:
-        results = search(req.queries, req.k)
+    async def r1searcher(req: R1SearcherRequest) -> Response:
+        results = await search(req.queries, req.k)
         return _json(
             {
                 "queries": req.queries,
@@ -160,8 +212,8 @@ def create_app(retriever: Retriever, limits: ServerLimits | None = None) -> Fast
         )
 
     @app.post("/retrieve")
-    def search_r1(req: SearchR1Request) -> Response:
-        results = search(req.queries, req.topk)
+    async def search_r1(req: SearchR1Request) -> Response:
+        results = await search(req.queries, req.topk)
         if req.return_scores:
             out = [
                 [
@@ -175,33 +227,35 @@ def create_app(retriever: Retriever, limits: ServerLimits | None = None) -> Fast
         return _json({"result": out})
 
     @app.get("/health")
-    def health() -> dict:
+    async def health() -> dict:
         return {"status": "ok", "kind": kind, "passages": _passage_count(retriever)}
+
+    @app.get("/stats")
+    def stats_endpoint() -> Response:
+        return _json(stats.report())
+
+    @app.delete("/cache")
+    def clear_cache() -> dict:
+        return {"cleared": cache.clear() if cache is not None else 0}
 
     return app
 
 
-def serve(
-    retriever: Retriever,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    limits: ServerLimits | None = None,
-    log_level: str = "info",
-) -> None:
-    """Run the server until interrupted. Bound to localhost unless `host` says otherwise:
-    the API has no authentication, so exposing it is an explicit choice."""
-    import uvicorn
-
-    app = create_app(retriever, limits)
-    size = _passage_count(retriever)
-    print(
-        f"serving {getattr(retriever, 'kind', type(retriever).__name__)} index"
-        f"{f' ({size:,} passages)' if size is not None else ''} at http://{host}:{port} "
-        "- POST /search (native), /queries (R1-Searcher), /retrieve (Search-R1); GET /health",
-        flush=True,
+def _truncate(queries: list[str], max_chars: int) -> tuple[list[str], int]:
+    """`queries` with each one longer than `max_chars` cut to that length; one log line a request."""
+    cut = [i for i, q in enumerate(queries) if len(q) > max_chars]
+    if not cut:
+        return queries, 0
+    longest = max(cut, key=lambda i: len(queries[i]))
+    log.warning(
+        "%d of %d queries truncated to max_query_chars=%d (query %d has %d characters); "
+        "`searchrl serve --max-query-chars` raises the limit",
+        len(cut), len(queries), max_chars, longest, len(queries[longest]),
     )
-    # Per-request access lines cost measurable time at batch 1 and say nothing useful here.
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+    out = list(queries)
+    for i in cut:
+        out[i] = queries[i][:max_chars]
+    return out, len(cut)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -15,6 +15,7 @@ from searchrl.data.trajectory import Trajectory
 from searchrl.data.types import Question
 from searchrl.protocol import Protocol
 from searchrl.retrieval.base import Retriever
+from searchrl.retrieval.querycache import CachedRetriever, RetrievalCounts
 from searchrl.retrieval.web.budget import COUNTERS
 from searchrl.rl.actor import Actor
 from searchrl.rollout.backend import GenerationBackend
@@ -24,10 +25,13 @@ from searchrl.rollout.engine import RolloutEngine
 
 class RolloutWorker:
     def __init__(self, backend: GenerationBackend, retriever: Retriever, protocol: Protocol, cfg: RolloutConfig, precision) -> None:
+        # Counted always: a retriever opened by `RetrievalConfig` already is, any other gets a counter.
+        retriever = retriever if isinstance(retriever, CachedRetriever) else CachedRetriever(retriever)
         self.engine = RolloutEngine(backend, retriever, protocol, cfg)
         self.cfg = cfg
         self.precision = precision  # context manager factory: the actor's mixed precision (hf)
         self._spent = retriever.usage()
+        self._searched = retriever.counts()
 
     @classmethod
     def create(cls, actor: Actor, retriever: Retriever, protocol: Protocol) -> RolloutWorker:
@@ -70,6 +74,12 @@ class RolloutWorker:
             return {}
         before, self._spent = self._spent, now
         return {**{f"web_{c}": round(now[c] - before[c], 6) for c in COUNTERS}, "web_cost_usd_total": now["cost_usd"]}
+
+    def searched(self) -> RetrievalCounts:
+        """This process's queries, cache hits and seconds in search since the last call."""
+        now = self.engine.retriever.counts()
+        before, self._searched = self._searched, now
+        return now.since(before)
 
     def sync_weights(self, actor: Actor) -> None:
         self.engine.backend.sync_weights(actor.model)

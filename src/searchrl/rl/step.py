@@ -28,6 +28,7 @@ import torch
 from searchrl.data.trajectory import STOP_REASONS, Trajectory
 from searchrl.data.types import Question
 from searchrl.metrics import ANSWER_METRICS
+from searchrl.retrieval.querycache import RetrievalCounts
 from searchrl.rewards import FORMAT_RULES, RewardBreakdown, compute_reward
 from searchrl.rl.actor import Actor, UpdateStats
 from searchrl.rl.advantages import compute_advantages
@@ -37,8 +38,10 @@ from searchrl.rl.health import echoes, flat_share
 from searchrl.rl.losses import kl_penalty, masked_sum
 from searchrl.rl.rollout_worker import RolloutWorker
 
-# Keys of a step record that measure time, not learning (they differ between identical runs).
-TIMING_KEYS = ("step_seconds", "rollout_seconds", "logprob_seconds", "update_seconds", "tokens_per_s", "health_step_time")
+# Keys of a step record that measure time or caching, not learning (they differ between identical
+# runs: a resumed run starts with an empty query cache, and each rank has its own).
+TIMING_KEYS = ("step_seconds", "rollout_seconds", "logprob_seconds", "update_seconds", "tokens_per_s", "health_step_time",
+               "retrieval_s", "retrieval_cache_hit_rate")
 
 
 @dataclass(frozen=True)
@@ -97,12 +100,27 @@ def train_step(actor: Actor, worker: RolloutWorker, stage_cfg: StageConfig, ques
     t3 = time.perf_counter()
     # Left to the update, the old log-probs exist only if an update ran.
     have_old = not old_from_update or stats.updates > 0
-    parts = actor.dist.gather((scored, token_sums(batch), Timing(t1 - t0, t2 - t1, t3 - t2, t3 - t0)))
+    parts = actor.dist.gather((scored, token_sums(batch), Timing(t1 - t0, t2 - t1, t3 - t2, t3 - t0), worker.searched()))
     everyone = Scored.concat([p[0] for p in parts])
     sums = torch.cat([p[1] for p in parts])
     timing = Timing(*np.max([astuple(p[2]) for p in parts], axis=0).tolist())  # the slowest rank's
     has_ref = batch.ref_logp is not None
-    return {**record(at, everyone, sums, stats, have_old, has_ref, timing), **worker.spent()}, samples(at, everyone)
+    searched = retrieval_record([p[3] for p in parts])
+    return {**record(at, everyone, sums, stats, have_old, has_ref, timing), **searched, **worker.spent()}, samples(at, everyone)
+
+
+def retrieval_record(per_rank: list[RetrievalCounts]) -> dict:
+    """The step's searches: `retrieval_s`, the slowest rank's seconds in search (cache included);
+    `retrieval_queries` over every rank; `retrieval_cache_hit_rate`, the share of them answered
+    without a search of their own (the in-process cache, or a repeat in the same batched call);
+    None when nothing was searched or no rank has a cache."""
+    queries = sum(c.queries for c in per_rank)
+    hits = sum(c.cache_hits for c in per_rank)
+    return {
+        "retrieval_s": max(c.seconds for c in per_rank),
+        "retrieval_queries": queries,
+        "retrieval_cache_hit_rate": hits / queries if queries and any(c.cached for c in per_rank) else None,
+    }
 
 
 def score(trajectories: list[Trajectory], questions: list[Question], stage_cfg: StageConfig, worker: RolloutWorker) -> Scored:
