@@ -284,6 +284,12 @@ class CachedRetriever(Retriever):
     def __len__(self) -> int:
         return len(self.inner)  # type: ignore[arg-type]  # TypeError when the inner has no size
 
+    @property
+    def passages(self):
+        """The inner index's passage store (gold SFT trajectories read it); AttributeError when
+        the inner has none (a server, web search)."""
+        return self.inner.passages
+
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:
         started = time.perf_counter()
         if self.cache is None:
