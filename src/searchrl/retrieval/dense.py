@@ -1,118 +1,63 @@
 """Dense retrieval: sentence-transformers embeddings in a FAISS index, inner-product metric.
 
 Embeddings are L2-normalised, so inner product = cosine. The default factory "Flat" is the
-paper's exact search; "HNSW32", "IVF4096,PQ64", "SQ8", ... trade recall for memory and speed
-at Wikipedia scale (docs/scale.md). Any factory string FAISS accepts works.
+paper's exact search; "IVF4096,PQ96x8", "OPQ96,IVF4096,PQ96", "HNSW32", "SQ8", ... trade recall
+for memory and speed at Wikipedia scale (docs/scale.md); any factory string FAISS accepts works.
+An index may be split into shards (consecutive rows, one file each) that are searched in
+parallel and merged exactly. The FAISS mechanics live in `faiss_index`, the encoding in
+`encoding`.
 """
 
 from __future__ import annotations
 
-import logging
+import contextlib
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import faiss
-import numpy as np
-from tqdm.auto import tqdm
 
 from searchrl.assets import load_embedder
 from searchrl.data.types import Passage
 from searchrl.errors import SearchRLError
 from searchrl.retrieval.base import Retriever
-from searchrl.retrieval.kinds import INDEX_KINDS, BuildOptions
+from searchrl.retrieval.encoding import (
+    ENCODE_CHUNK,
+    default_prefixes,
+    dimension,
+    encode,
+    encode_corpus,
+    passages_digest,
+    remove_encoding,
+)
+from searchrl.retrieval.faiss_index import (
+    add_vectors,
+    apply_search_settings,
+    combine_shards,
+    new_faiss_index,
+    read_faiss,
+    shard_bounds,
+    to_gpu,
+    train_index,
+)
+from searchrl.retrieval.kinds import INDEX_KINDS, BuildOptions, SearchSettings
 from searchrl.retrieval.store import (
+    MANIFEST,
     Passages,
     PassageStore,
     StoredIndex,
     as_passages,
-    index_text,
     read_manifest,
     save_passages,
     write_manifest,
 )
 
-log = logging.getLogger(__name__)
-
 FAISS_FILE = "dense.faiss"
-MAX_TRAIN = 200_000  # k-means on more points barely helps and costs RAM: 200k x 1024 x 4 B = 0.8 GB
-# Embedders trained with instructions retrieve worse without them (BGE, E5 model cards).
-_PREFIXES = {
-    "bge": ("Represent this sentence for searching relevant passages: ", ""),
-    "e5": ("query: ", "passage: "),
-}
 
 
-def default_prefixes(embedder: str) -> tuple[str, str]:
-    """(query prefix, passage prefix) the embedder was trained with; ("", "") if none."""
-    name = embedder.lower().rsplit("/", 1)[-1]
-    for family, prefixes in _PREFIXES.items():
-        if name.startswith(family) or f"-{family}-" in name:
-            return prefixes
-    return "", ""
-
-
-def encode(model, texts: list[str], batch_size: int = 64) -> np.ndarray:
-    """Texts -> unit-norm float32 embeddings [N, D], C-contiguous as FAISS wants."""
-    vectors = model.encode(
-        texts,
-        batch_size=batch_size,
-        normalize_embeddings=True,
-        convert_to_numpy=True,
-        show_progress_bar=False,
-    )
-    return np.ascontiguousarray(vectors, dtype=np.float32)
-
-
-def _dimension(model) -> int:
-    get = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
-    return int(get())
-
-
-def new_faiss_index(dim: int, factory: str) -> faiss.Index:
-    try:
-        return faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
-    except RuntimeError as exc:
-        reason = str(exc).strip().splitlines()[-1]
-        raise SearchRLError(
-            f"FAISS cannot build factory {factory!r} for {dim}-d vectors ({reason}). "
-            "Examples: Flat, HNSW32, SQ8, IVF1024,Flat, IVF4096,PQ64 (PQ m must divide the dimension)."
-        ) from None
-
-
-def _tune_for_search(index: faiss.Index) -> None:
-    # FAISS defaults favour speed over recall (nprobe=1 scans 1 list; efSearch=16): raise them.
-    ivf = faiss.try_extract_index_ivf(index)
-    if ivf is not None:
-        ivf.nprobe = max(ivf.nprobe, min(ivf.nlist, 32))
-    hnsw = getattr(faiss.downcast_index(index), "hnsw", None)
-    if hnsw is not None:
-        hnsw.efSearch = max(hnsw.efSearch, 64)
-
-
-def _text_batches(passages: Iterable[Passage], size: int, prefix: str) -> Iterator[list[str]]:
-    batch: list[str] = []
-    for p in passages:
-        batch.append(prefix + index_text(p))
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
-def _train(index: faiss.Index, vectors: np.ndarray, factory: str) -> None:
-    n = len(vectors)
-    rows = np.sort(np.random.default_rng(0).choice(n, size=min(n, MAX_TRAIN), replace=False))
-    try:
-        index.train(np.ascontiguousarray(vectors[rows]))
-    except RuntimeError as exc:
-        reason = str(exc).strip().splitlines()[-1]
-        raise SearchRLError(
-            f"FAISS factory {factory!r} could not be trained on {len(rows)} vectors ({reason}). "
-            "A small corpus needs fewer IVF lists (about N/39 at most) or a factory without training "
-            "(Flat, HNSW32)."
-        ) from None
+def shard_file(i: int, shards: int) -> str:
+    """File of shard `i` of `shards`: `dense.faiss` when unsharded, as before shards existed."""
+    return FAISS_FILE if shards == 1 else f"dense-{i:03d}-of-{shards:03d}.faiss"
 
 
 @INDEX_KINDS.register("dense")
@@ -123,29 +68,38 @@ class DenseIndex(StoredIndex, Retriever):
 
     def __init__(
         self,
-        index: faiss.Index,
+        parts: faiss.Index | Sequence[faiss.Index],
         passages: Passages,
         *,
         embedder: str = "minilm",
         factory: str = "Flat",
         batch_size: int = 64,
         query_prefix: str | None = None,
+        passage_prefix: str | None = None,
+        settings: SearchSettings | None = None,
         model=None,
     ) -> None:
-        if index.ntotal != len(passages):
+        self.parts = [parts] if isinstance(parts, faiss.Index) else list(parts)  # CPU shards
+        total = sum(p.ntotal for p in self.parts)
+        if total != len(passages):
             raise SearchRLError(
-                f"FAISS index holds {index.ntotal} vectors but there are {len(passages)} passages"
+                f"FAISS index holds {total} vectors but there are {len(passages)} passages"
             )
-        self.index = index
+        defaults = default_prefixes(embedder)
         self.passages = passages
         self.embedder = embedder
         self.factory = factory
         self.batch_size = batch_size
-        self.query_prefix = default_prefixes(embedder)[0] if query_prefix is None else query_prefix
+        self.query_prefix = defaults[0] if query_prefix is None else query_prefix
+        self.passage_prefix = defaults[1] if passage_prefix is None else passage_prefix
+        self.settings = settings = settings or SearchSettings()
+        for part in self.parts:
+            apply_search_settings(part, settings, factory)
+        # GPU copies get the settings the CPU shards carry when they are made.
+        self.index = combine_shards([to_gpu(p) for p in self.parts] if settings.gpu else self.parts)
         self._model = model
-        self._loaded_from: Path | None = None
-        self.memory_mapped = False  # True when `load` mapped the vectors instead of reading them
-        _tune_for_search(index)
+        self._home: Path | None = None  # the folder holding its FAISS files (built or loaded there)
+        self.memory_mapped = False  # True when the FAISS files are mapped rather than read
 
     @classmethod
     def build(
@@ -155,48 +109,75 @@ class DenseIndex(StoredIndex, Retriever):
         embedder: str = "minilm",
         factory: str = "Flat",
         batch_size: int = 64,
+        shards: int = 1,
+        settings: SearchSettings | None = None,
+        query_prefix: str | None = None,
+        passage_prefix: str | None = None,
+        encode_chunk: int = ENCODE_CHUNK,
+        folder: Path | None = None,
         progress: bool = True,
     ) -> DenseIndex:
-        """Encode `passages` and index them. Factories that need training (IVF, PQ, SQ) get
-        the vectors parked in a memory-mapped scratch file first, then trained on a sample."""
+        """Encode `passages` into a memory-mapped embeddings file (resumable, in chunks), train
+        the factory's index on a sample of it, and add the vectors chunk by chunk, shard by shard.
+
+        `folder` is the index folder being built (what `build_index` passes; else a temporary
+        one is used): the embeddings file lives there until the index holds the vectors, a
+        build interrupted there continues where it stopped, and each finished shard is written
+        there and mapped back, so RAM never holds the vectors nor more than the shard being
+        filled."""
         store = as_passages(passages)
         model = load_embedder(embedder)
-        dim = _dimension(model)
-        index = new_faiss_index(dim, factory)
-        query_prefix, passage_prefix = default_prefixes(embedder)
-        n = len(store)
-        batches = _text_batches(store, batch_size * 8, passage_prefix)
-        bar = tqdm(total=n, desc=f"Encode passages ({embedder})", unit="psg", disable=not progress)
-        if index.is_trained:
-            for texts in batches:
-                index.add(encode(model, texts, batch_size))
-                bar.update(len(texts))
-        else:
-            scratch = store.folder if isinstance(store, PassageStore) else None
-            with tempfile.TemporaryDirectory(dir=scratch) as tmp:
-                vectors = np.lib.format.open_memmap(
-                    Path(tmp) / "vectors.npy", "w+", np.float32, (n, dim)
-                )
-                start = 0
-                for texts in batches:
-                    vectors[start : start + len(texts)] = encode(model, texts, batch_size)
-                    start += len(texts)
-                    bar.update(len(texts))
-                bar.set_description(f"Train FAISS {factory}")
-                _train(index, vectors, factory)
-                for s in range(0, n, 65536):
-                    index.add(np.ascontiguousarray(vectors[s : s + 65536]))
-                del vectors  # the memmap must close before its folder goes
-        bar.close()
-        return cls(
-            index,
+        dim = dimension(model)
+        template = new_faiss_index(dim, factory)  # a bad factory fails before hours of encoding
+        bounds = shard_bounds(len(store), shards)
+        prefixes = default_prefixes(embedder)
+        query_prefix = prefixes[0] if query_prefix is None else query_prefix
+        passage_prefix = prefixes[1] if passage_prefix is None else passage_prefix
+        home = Path(folder).resolve() if folder is not None else None
+        with contextlib.ExitStack() as stack:
+            work = home or Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            key = {
+                "embedder": embedder,
+                "prefix": passage_prefix,
+                "passages": passages_digest(store),
+            }
+            vectors = encode_corpus(
+                model,
+                store,
+                work,
+                prefix=passage_prefix,
+                key=key,
+                batch_size=batch_size,
+                chunk=encode_chunk,
+                progress=progress,
+            )
+            train_index(template, vectors, factory)
+            parts = []
+            for i, (start, stop) in enumerate(bounds):
+                part = template if shards == 1 else faiss.clone_index(template)
+                add_vectors(part, vectors[start:stop], progress=progress)
+                if home is not None:
+                    path = home / shard_file(i, shards)
+                    faiss.write_index(part, str(path))
+                    del part
+                    part, _ = read_faiss(path, True, factory)
+                parts.append(part)
+            del vectors  # the memory map must close before its file goes
+            remove_encoding(work)
+        index = cls(
+            parts,
             store,
             embedder=embedder,
             factory=factory,
             batch_size=batch_size,
             query_prefix=query_prefix,
+            passage_prefix=passage_prefix,
+            settings=settings,
             model=model,
         )
+        index._home = home
+        index.memory_mapped = home is not None
+        return index
 
     @classmethod
     def build_from(cls, passages: Passages, options: BuildOptions) -> DenseIndex:
@@ -205,17 +186,30 @@ class DenseIndex(StoredIndex, Retriever):
             embedder=options.embedder,
             factory=options.factory,
             batch_size=options.batch_size,
+            shards=options.shards,
+            settings=SearchSettings(
+                nprobe=options.nprobe, ef_search=options.ef_search, k_factor=options.k_factor
+            ),
+            query_prefix=options.query_prefix,
+            passage_prefix=options.passage_prefix,
+            encode_chunk=options.encode_chunk,
+            folder=passages.folder if isinstance(passages, PassageStore) else None,
             progress=options.progress,
         )
 
     def save(self, folder: Path, **manifest_fields) -> Path:
         """Write an index folder that `open_index` / `DenseIndex.load` can read."""
         folder = Path(folder)
-        if self._loaded_from == folder.resolve():
+        home = self._home == folder.resolve()
+        if home and (folder / MANIFEST).is_file():
             return folder  # unchanged since loading; overwriting a mapped file could crash readers
         folder.mkdir(parents=True, exist_ok=True)
-        save_passages(self.passages, folder)
-        faiss.write_index(self.index, str(folder / FAISS_FILE))
+        save_passages(self.passages, folder)  # a no-op for passages stored there already
+        if not home:  # an index built in `folder` has its FAISS files there already
+            for old in folder.glob("dense*.faiss"):
+                old.unlink()
+            for i, part in enumerate(self.parts):
+                faiss.write_index(part, str(folder / shard_file(i, len(self.parts))))
         write_manifest(
             folder,
             self.kind,
@@ -225,35 +219,55 @@ class DenseIndex(StoredIndex, Retriever):
             dim=int(self.index.d),
             metric="inner_product",
             query_prefix=self.query_prefix,
+            passage_prefix=self.passage_prefix,
+            shards=[int(p.ntotal) for p in self.parts],
+            nprobe=self.settings.nprobe,
+            ef_search=self.settings.ef_search,
+            k_factor=self.settings.k_factor,
             **manifest_fields,
         )
         return folder
 
     @classmethod
-    def load(cls, folder: Path, mmap: bool = True, *, batch_size: int = 64) -> DenseIndex:
+    def load(
+        cls,
+        folder: Path,
+        mmap: bool = True,
+        *,
+        batch_size: int = 64,
+        settings: SearchSettings | None = None,
+    ) -> DenseIndex:
         """Open a saved index. `mmap=True` maps the vectors instead of reading them into RAM
-        where the index type allows it (flat codes, IVF lists); otherwise it reads normally."""
+        where the index type allows it (flat codes, IVF lists); otherwise it reads normally.
+        `settings` given override those recorded at build time."""
         folder = Path(folder)
         manifest = read_manifest(folder)
         if manifest["kind"] != cls.kind:
             raise SearchRLError(
                 f"{folder} holds a {manifest['kind']!r} index, not dense; use open_index"
             )
-        path = folder / FAISS_FILE
-        if not path.is_file():
-            raise SearchRLError(f"{folder}: {FAISS_FILE} is missing; rebuild the index")
         factory = manifest.get("factory") or "Flat"
-        index, mapped = _read_faiss(path, mmap, factory)
+        shards = len(manifest.get("shards") or [0])
+        paths = [folder / shard_file(i, shards) for i in range(shards)]
+        missing = [p.name for p in paths if not p.is_file()]
+        if missing:
+            raise SearchRLError(f"{folder}: {', '.join(missing)} missing; rebuild the index")
+        read = [read_faiss(path, mmap, factory) for path in paths]
+        recorded = SearchSettings(
+            nprobe=manifest.get("nprobe"), ef_search=manifest.get("ef_search")
+        )
         loaded = cls(
-            index,
+            [index for index, _ in read],
             PassageStore(folder),
             embedder=manifest.get("embedder") or "minilm",
             factory=factory,
             batch_size=batch_size,
             query_prefix=manifest.get("query_prefix", ""),
+            passage_prefix=manifest.get("passage_prefix", ""),
+            settings=(settings or SearchSettings()).over(recorded),
         )
-        loaded._loaded_from = folder.resolve()
-        loaded.memory_mapped = mapped
+        loaded._home = folder.resolve()
+        loaded.memory_mapped = all(mapped for _, mapped in read)
         return loaded
 
     @property
@@ -261,9 +275,9 @@ class DenseIndex(StoredIndex, Retriever):
         """The query encoder, loaded on first search so opening an index stays fast."""
         if self._model is None:
             model = load_embedder(self.embedder)
-            if _dimension(model) != self.index.d:
+            if dimension(model) != self.index.d:
                 raise SearchRLError(
-                    f"embedder {self.embedder!r} gives {_dimension(model)}-d vectors but the index holds "
+                    f"embedder {self.embedder!r} gives {dimension(model)}-d vectors but the index holds "
                     f"{self.index.d}-d ones; query with the embedder the index was built with"
                 )
             self._model = model
@@ -285,24 +299,7 @@ class DenseIndex(StoredIndex, Retriever):
         return results
 
     def __repr__(self) -> str:
-        return f"DenseIndex({len(self.passages)} passages, {self.embedder}, {self.factory!r})"
-
-
-def _read_faiss(path: Path, mmap: bool, factory: str) -> tuple[faiss.Index, bool]:
-    if mmap:
-        # IO_FLAG_MMAP maps only IVF inverted lists; flat codes (Flat, HNSW, SQ, PQ) need
-        # IO_FLAG_MMAP_IFC, else a Flat index is read fully into RAM (measured: 147 MB vs 0).
-        flag = (
-            faiss.IO_FLAG_MMAP
-            if "IVF" in factory.upper()
-            else getattr(faiss, "IO_FLAG_MMAP_IFC", faiss.IO_FLAG_MMAP)
+        shards = f", {len(self.parts)} shards" if len(self.parts) > 1 else ""
+        return (
+            f"DenseIndex({len(self.passages)} passages, {self.embedder}, {self.factory!r}{shards})"
         )
-        try:
-            return faiss.read_index(str(path), flag), True
-        except RuntimeError as exc:
-            log.info(
-                "FAISS cannot memory-map %s (%s); reading it into memory",
-                path,
-                str(exc).splitlines()[-1],
-            )
-    return faiss.read_index(str(path)), False

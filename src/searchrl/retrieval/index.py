@@ -5,6 +5,8 @@ Index kinds (bm25, dense) register themselves in `searchrl.retrieval.kinds.INDEX
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import shutil
 import tempfile
@@ -18,8 +20,11 @@ import numpy as np
 from searchrl.data.types import Passage
 from searchrl.errors import DataError, SearchRLError, listing
 from searchrl.retrieval.base import Retriever
-from searchrl.retrieval.kinds import INDEX_KINDS, BuildOptions
+from searchrl.retrieval.encoding import EMBEDDINGS, PROGRESS, encoded_rows, remove_encoding
+from searchrl.retrieval.kinds import INDEX_KINDS, BuildOptions, SearchSettings
 from searchrl.retrieval.store import PassageStore, read_manifest
+
+log = logging.getLogger(__name__)
 
 _KIND_MODULES = {"bm25": "searchrl.retrieval.bm25", "dense": "searchrl.retrieval.dense"}
 
@@ -46,6 +51,13 @@ def build_index(
     embedder: str = "minilm",
     factory: str = "Flat",
     batch_size: int = 64,
+    shards: int = 1,
+    nprobe: int | None = None,
+    ef_search: int | None = None,
+    k_factor: int | None = None,
+    query_prefix: str | None = None,
+    passage_prefix: str | None = None,
+    encode_chunk: int = BuildOptions.encode_chunk,
     overwrite: bool = False,
     progress: bool = True,
     **manifest_fields,
@@ -53,8 +65,10 @@ def build_index(
     """Build a `kind` index of `passages` into `out_dir` and return `out_dir`.
 
     The passages are streamed to disk first, so a corpus larger than RAM can be indexed as
-    long as the index itself fits. Everything is built in a temporary sibling folder that is
-    renamed into place at the end: a crash never leaves a half-built index behind.
+    long as the index itself fits. Everything is built in the sibling folder `.NAME.building`,
+    renamed into place at the end: a crash never leaves a half-built index behind. A dense
+    build stopped after encoding some passages keeps that folder, and the same call run again
+    continues the encoding where it stopped (a changed corpus or embedder starts it afresh).
     Extra keyword arguments (e.g. `source="corpus.jsonl"`) are recorded in the manifest.
     """
     _register_builtin_kinds(kind)
@@ -67,22 +81,70 @@ def build_index(
             f"{out_dir} already exists and is not empty; pass --overwrite or choose another --out"
         )
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".building", dir=out_dir.parent))
-    try:
-        id_hashes = array("q")  # 8 bytes a passage, so a 21M-passage corpus is checked in 170 MB
-        store = PassageStore.write(_hashing_ids(passages, id_hashes), tmp, progress=progress)
-        _check_unique_ids(store, id_hashes, manifest_fields.get("source"))
-        options = BuildOptions(
-            embedder=embedder, factory=factory, batch_size=batch_size, progress=progress
-        )
-        index = cls.build_from(store, options)
-        index.save(tmp, **manifest_fields)
-        index.close()
-        _swap_into_place(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    work = out_dir.parent / f".{out_dir.name}.building"
+    with _building(work, out_dir):
+        try:
+            id_hashes = array("q")  # 8 bytes a passage, so a 21M-passage corpus is checked in 170 MB
+            store = PassageStore.write(_hashing_ids(passages, id_hashes), work, progress=progress)
+            _check_unique_ids(store, id_hashes, manifest_fields.get("source"))
+            options = BuildOptions(
+                embedder=embedder,
+                factory=factory,
+                batch_size=batch_size,
+                progress=progress,
+                shards=shards,
+                nprobe=nprobe,
+                ef_search=ef_search,
+                k_factor=k_factor,
+                query_prefix=query_prefix,
+                passage_prefix=passage_prefix,
+                encode_chunk=encode_chunk,
+            )
+            index = cls.build_from(store, options)
+            index.save(work, **manifest_fields)
+            index.close()
+            remove_encoding(work)  # left by an interrupted dense build when this one is bm25
+            _swap_into_place(work, out_dir)
+        except BaseException:
+            done = encoded_rows(work)
+            if done:
+                log.warning(
+                    "index build stopped; %s keeps %d encoded passages: run the same command "
+                    "again to continue from there",
+                    work,
+                    done,
+                )
+            else:
+                shutil.rmtree(work, ignore_errors=True)
+            raise
     return out_dir
+
+
+@contextlib.contextmanager
+def _building(work: Path, out_dir: Path) -> Iterator[None]:
+    """Hold `work` (the build folder of `out_dir`) for this process. A folder left by an
+    interrupted build keeps only its encoded vectors; anything else in it is cleared."""
+    import fcntl
+
+    work.mkdir(exist_ok=True)
+    handle = os.open(work, os.O_RDONLY)  # a lock on the folder travels with it when renamed
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SearchRLError(
+                f"another `searchrl index build` is writing {out_dir} (in {work}); wait for it "
+                "or choose another --out"
+            ) from None
+        keep = {EMBEDDINGS, PROGRESS} if encoded_rows(work) else set()
+        for item in work.iterdir():
+            if item.name not in keep:
+                shutil.rmtree(item) if item.is_dir() else item.unlink()
+        if keep:
+            log.warning("continuing the interrupted build in %s", work)
+        yield
+    finally:
+        os.close(handle)
 
 
 def _hashing_ids(passages: Iterable[Passage], hashes: array) -> Iterator[Passage]:
@@ -119,12 +181,23 @@ def _swap_into_place(new: Path, target: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def open_index(path: Path, *, mmap: bool = True) -> Retriever:
-    """Open an index folder written by `build_index` (or an index's `save`) as a `Retriever`."""
+def open_index(
+    path: Path, *, mmap: bool = True, settings: SearchSettings | None = None
+) -> Retriever:
+    """Open an index folder written by `build_index` (or an index's `save`) as a `Retriever`.
+    `settings` (nprobe, efSearch, GPU) override what a dense index recorded at build time."""
     path = Path(path)
     manifest = read_manifest(path)
     _register_builtin_kinds(manifest["kind"])
-    return INDEX_KINDS.get(manifest["kind"]).load(path, mmap=mmap)
+    cls = INDEX_KINDS.get(manifest["kind"])
+    if settings is None or settings == SearchSettings():
+        return cls.load(path, mmap=mmap)
+    if manifest["kind"] != "dense":
+        raise SearchRLError(
+            f"{path} is a {manifest['kind']} index: nprobe, efSearch, k-factor and FAISS GPU search "
+            "apply to dense indexes only; leave them unset"
+        )
+    return cls.load(path, mmap=mmap, settings=settings)
 
 
 # --- command bodies (`searchrl index ...`) ---------------------------------------------
@@ -136,9 +209,7 @@ def build_command(
     kind: str,
     fmt: str,
     chunk_words: int,
-    embedder: str,
-    factory: str,
-    batch_size: int,
+    options: BuildOptions,
     overwrite: bool,
 ) -> None:
     """`searchrl index build`: read a corpus file, build, print what was built."""
@@ -163,16 +234,23 @@ def build_command(
             read_passages(Path(corpus), fmt, chunk_words),
             Path(out),
             kind,
-            embedder=embedder,
-            factory=factory,
-            batch_size=batch_size,
+            embedder=options.embedder,
+            factory=options.factory,
+            batch_size=options.batch_size,
+            shards=options.shards,
+            nprobe=options.nprobe,
+            ef_search=options.ef_search,
+            k_factor=options.k_factor,
+            query_prefix=options.query_prefix,
+            passage_prefix=options.passage_prefix,
             overwrite=overwrite,
             source=str(corpus),
             format=fmt,
             chunk_words=chunk_words,
         )
     manifest = read_manifest(Path(out))
-    what = kind if kind == "bm25" else f"{kind}, {embedder}, {factory}"
+    shards = f", {options.shards} shards" if options.shards > 1 else ""
+    what = kind if kind == "bm25" else f"{kind}, {options.embedder}, {options.factory}{shards}"
     Console().print(
         f"indexed {manifest['count']:,} passages from {corpus} into {out} ({what}) "
         f"in {time.perf_counter() - started:.1f}s",
@@ -181,7 +259,9 @@ def build_command(
     )
 
 
-def search_command(index_dir: Path, query: str, k: int, as_json: bool) -> None:
+def search_command(
+    index_dir: Path, query: str, k: int, as_json: bool, settings: SearchSettings | None = None
+) -> None:
     """`searchrl index search`: one query, a table (or JSON) of the top-k passages."""
     import json
 
@@ -189,7 +269,7 @@ def search_command(index_dir: Path, query: str, k: int, as_json: bool) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    retriever = open_index(Path(index_dir))
+    retriever = open_index(Path(index_dir), settings=settings)
     try:
         (hits,) = retriever.search([query], k)
     finally:

@@ -73,6 +73,15 @@ class ServeConfig(StrictModel):
         description="SQLite file of the cache, kept across restarts; default: a temporary one.",
     )
     limits: ServerLimits = Field(default_factory=ServerLimits, description="Request limits.")
+    nprobe: int | None = Field(None, ge=1, description="Dense IVF index: lists probed per query (default: the index's).")
+    ef_search: int | None = Field(None, ge=1, description="Dense HNSW index: search beam width (default: the index's).")
+    k_factor: int | None = Field(None, ge=1, description="Dense index with a refine stage: candidates re-ranked per hit.")
+    faiss_gpu: bool = Field(False, description="Dense index: search on the GPUs FAISS sees (faiss-gpu builds).")
+
+    def search_settings(self):
+        from searchrl.retrieval.kinds import SearchSettings
+
+        return SearchSettings(nprobe=self.nprobe, ef_search=self.ef_search, k_factor=self.k_factor, gpu=self.faiss_gpu)
 
 
 class WorkerPlan(StrictModel):
@@ -124,7 +133,7 @@ def build_app(plan: WorkerPlan):
         cache = SharedCache(plan.cache_file, plan.index_id, cfg.cache_size, write_behind=True)
     else:
         cache = LocalCache(cfg.cache_size) if cfg.cache_size else None
-    retriever = open_retriever(plan.source)
+    retriever = open_retriever(plan.source, settings=cfg.search_settings())
     if urlsplit(plan.source).scheme not in ("http", "https"):
         # Load now what the first search would (a dense index's query encoder, the index pages):
         # a worker takes requests only once it answers them at full speed.
@@ -148,7 +157,8 @@ def serve(cfg: ServeConfig, log_level: str = "info") -> None:
     import uvicorn
 
     source = resolve_source(cfg.index)
-    index_id = index_identity(source)
+    # Search settings change an approximate index's answers: they are part of the cache key.
+    index_id = f"{index_identity(source)}@{cfg.search_settings()}"
     with _cache_file(cfg, index_id) as cache_file:
         plan = WorkerPlan(config=cfg, source=source, index_id=index_id, cache_file=cache_file)
         common = {"host": cfg.host, "port": cfg.port, "log_level": log_level, "access_log": False}
