@@ -53,8 +53,7 @@ def test_demo_without_training_serves_evaluates_and_reports(tmp_path):
         saved = yaml.safe_load((out / f"eval-untrained-{method}" / "config.yaml").read_text())
         assert saved["protocol"] == train.protocol.model_dump()
         assert saved["rollout"] == {**train.rollout.model_dump(), "greedy": True, "max_new_tokens": 16, "batch_size": 16}
-        assert saved["retrieval"] == {"index": None, "url": metrics["retriever"], "api": train.retrieval.api,
-                                      "retry": train.retrieval.retry.model_dump(), "web": train.retrieval.web.model_dump()}
+        assert saved["retrieval"] == {**train.retrieval.model_dump(), "index": None, "url": metrics["retriever"]}
     report = (out / "report.md").read_text()
     assert "Before and after training" in report and "untrained" in report
 
