@@ -201,4 +201,4 @@ def test_cli_tiny_random_direct(world, tmp_path):
     assert [p.name for p in (out / "runs").iterdir()] == ["hotpot-mini__direct"]
     metrics = json.loads((out / "runs" / "hotpot-mini__direct" / "metrics.json").read_text())
     assert (metrics["n"], metrics["model"], metrics["tags"], metrics["template"]) == (1, "tiny-random", "r1searcher", "oneshot")
-    assert (out / "report.md").is_file() and "Results" in result.output
+    assert "| HotpotQA | hotpot-mini | direct | — | 1 |" in result.output and (out / "report.md").is_file()

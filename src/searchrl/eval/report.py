@@ -204,14 +204,15 @@ def run_report(cfg: ReportConfig, backend=None, progress: bool = True) -> Path:
 
 
 def report_command(config: str | None, overrides: list[str], flags: dict) -> Path:
-    """`searchrl eval report`: YAML file, then `--set` overrides, then the flags (keyed by config keys)."""
+    """`searchrl eval report`: YAML file, then `--set` overrides, then the flags (keyed by config keys).
+    Prints the results table as Markdown (to paste anywhere)."""
     from rich.console import Console
-    from rich.markdown import Markdown
 
     from searchrl.config import flag_overrides
 
     cfg = load_config(ReportConfig, config, list(overrides) + flag_overrides(flags))
     path = run_report(cfg)
-    Console().print(Markdown(path.read_text(encoding="utf-8")))
-    Console(stderr=True).print(f"wrote {path} and the charts in {path.parent / 'plots'}", highlight=False)
+    table = path.read_text(encoding="utf-8").split("## Results\n\n", 1)[1].split("\n\n", 1)[0]
+    Console(soft_wrap=True).print(table, markup=False, highlight=False)
+    Console(stderr=True).print(f"wrote {path} and {path.parent / 'plots' / 'scores.png'}", highlight=False)
     return path
