@@ -316,5 +316,5 @@ def stored_parameter_count(name: str = DEFAULT_MODEL) -> int | None:
     total = 0
     for path in files:
         with safe_open(str(path), framework="numpy") as fh:
-            total += sum(math.prod(fh.get_slice(key).get_shape()) for key in fh.keys())
+            total += sum(math.prod(fh.get_slice(key).get_shape()) for key in fh.keys())  # noqa: SIM118 (safe_open is not iterable)
     return total or None

@@ -43,14 +43,21 @@ PAPER_RESULTS: tuple[PaperResult, ...] = (
     PaperResult("HotpotQA", "ReARTeR, GPT-4o-mini", PAPER_RETRIEVAL, acc_l=0.506),
     PaperResult("2Wiki", QWEN, PAPER_RETRIEVAL, cover_em=0.636, acc_l=0.650),
     PaperResult("2Wiki", "ReARTeR, GPT-4o-mini", PAPER_RETRIEVAL, acc_l=0.534),
-    PaperResult("Bamboogle", QWEN, PAPER_RETRIEVAL, 125, cover_em=0.528, acc_l=0.544, em=0.456, f1=0.577),
+    PaperResult(
+        "Bamboogle", QWEN, PAPER_RETRIEVAL, 125, cover_em=0.528, acc_l=0.544, em=0.456, f1=0.577
+    ),
     PaperResult("Bamboogle", QWEN, WEB, 125, cover_em=0.624),
     PaperResult("Bamboogle", LLAMA, PAPER_RETRIEVAL, 125, cover_em=0.504, acc_l=0.544),
     PaperResult("Bamboogle", "Search-o1, QwQ-32B", WEB, 125, cover_em=0.560),
 )
 
 # Name fragment -> benchmark, matched against a dataset's catalog name or file name.
-_BENCHMARKS = (("hotpot", "HotpotQA"), ("2wiki", "2Wiki"), ("musique", "MuSiQue"), ("bamboogle", "Bamboogle"))
+_BENCHMARKS = (
+    ("hotpot", "HotpotQA"),
+    ("2wiki", "2Wiki"),
+    ("musique", "MuSiQue"),
+    ("bamboogle", "Bamboogle"),
+)
 
 
 def benchmark_of(dataset: str) -> str | None:

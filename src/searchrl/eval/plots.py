@@ -129,7 +129,8 @@ def bar_panels(
             offset = (i - (len(series) - 1) / 2) * width
             style = {"color": "lightgray", "hatch": "//", "edgecolor": "dimgray"} if name in hatched else {}
             pts = [(g + offset, 100 * v) for g, v in enumerate(values) if v is not None]
-            ax.bar([x for x, _ in pts], [y for _, y in pts], width, label=name, **style)
+            bars = ax.bar([x for x, _ in pts], [y for _, y in pts], width, label=name, **style)
+            ax.bar_label(bars, fmt="%.0f", fontsize=6)  # a 0 shows as a number, not as nothing
         ax.set_xticks(range(len(groups)), groups, fontsize=8)
         ax.set_ylim(0, 100)
         ax.set_ylabel(ylabel)

@@ -4,7 +4,7 @@ Every (dataset, method, retriever) is one `eval run` folder under `OUT/runs/`, r
 `run_eval` and one model loaded for all of them. A rerun keeps every finished folder, continues an
 interrupted one (`eval run --resume` semantics) and, when `limit` grew, answers only the new
 questions; a folder whose settings differ otherwise is refused, naming the key. The report
-(`OUT/report.md`, bar charts in `OUT/plots/`) is written from the folders' metrics.json
+(`OUT/report.md`, the bar chart `OUT/plots/scores.png`) is written from the folders' metrics.json
 (`report_table`).
 
 Open-book vs closed-book. The local corpus (`localwiki`, ~22k paragraphs) holds the gold paragraphs
@@ -36,7 +36,15 @@ from searchrl.protocol import ProtocolConfig
 from searchrl.retrieval import RetrievalConfig
 from searchrl.rollout.config import EVAL_ROLLOUT, EvalRollout, RolloutConfig
 
-DEFAULT_DATASETS = ["hotpotqa-ircot", "2wiki", "musique", "bamboogle", "r1s-hotpotqa500", "r1s-2wiki500", "r1s-musique500"]
+DEFAULT_DATASETS = [
+    "hotpotqa-ircot",
+    "2wiki",
+    "musique",
+    "bamboogle",
+    "r1s-hotpotqa500",
+    "r1s-2wiki500",
+    "r1s-musique500",
+]
 DEFAULT_INDEXES = {"bm25": "localwiki", "dense": "localwiki-dense"}
 # The CPU demo's protocol: what a 135M model follows, and what the demo's checkpoint trained with.
 REPORT_PROTOCOL = {"tags": "search-r1", "template": "oneshot"}
@@ -51,7 +59,10 @@ class ReportConfig(StrictModel):
     """`searchrl eval report`. Every field is also a `--set key=value`; the shared sections
     (protocol, rollout, judge) are those of `eval run` and go unchanged into every run."""
 
-    model: str = Field("smollm2-135m", description="Model evaluated: smollm2-135m, a checkpoint folder or a hub id.")
+    model: str = Field(
+        "smollm2-135m",
+        description="Model evaluated: smollm2-135m, a checkpoint folder or a hub id.",
+    )
     datasets: list[str] = Field(
         default_factory=lambda: list(DEFAULT_DATASETS),
         description="Catalog names or question files. Those whose questions carry supporting ids (their paragraphs are in "
@@ -69,7 +80,9 @@ class ReportConfig(StrictModel):
         default_factory=lambda: dict(DEFAULT_INDEXES),
         description="Retriever name -> the index it searches (catalog name or index directory).",
     )
-    limit: int | None = Field(50, ge=1, description="First N questions of each dataset (CPU-sized default); null = all.")
+    limit: int | None = Field(
+        50, ge=1, description="First N questions of each dataset (CPU-sized default); null = all."
+    )
     protocol: Annotated[ProtocolConfig, BeforeValidator(_protocol_defaults)] = Field(
         default_factory=lambda: ProtocolConfig(**REPORT_PROTOCOL),
         description="Tags and prompt template; default the CPU demo's (what a 135M model follows and the demo trains with).",
@@ -78,11 +91,17 @@ class ReportConfig(StrictModel):
         default_factory=lambda: RolloutConfig(**EVAL_ROLLOUT),
         description="Backend (hf | vllm), k, searches and tokens of an agent rollout, batch size; greedy (eval run's defaults).",
     )
-    judge: JudgeConfig = Field(default_factory=JudgeConfig, description="ACC_L judge (judge.url null = no ACC_L column).")
-    require_think: bool = Field(
-        True, description="Format rule `think` in the format-OK rate; false for a model trained without it (the CPU demo)."
+    judge: JudgeConfig = Field(
+        default_factory=JudgeConfig, description="ACC_L judge (judge.url null = no ACC_L column)."
     )
-    out: str = Field("runs/report", description="Report folder: runs/<dataset>__<method>[__<retriever>]/, report.md, plots/.")
+    require_think: bool = Field(
+        True,
+        description="Format rule `think` in the format-OK rate; false for a model trained without it (the CPU demo).",
+    )
+    out: str = Field(
+        "runs/report",
+        description="Report folder: runs/<dataset>__<method>[__<retriever>]/, report.md, plots/.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ReportConfig:
@@ -92,7 +111,9 @@ class ReportConfig(StrictModel):
                 raise ValueError(f"{field} must name at least one entry, each once (got {values})")
         unknown = [r for r in self.retrievers if r not in self.indexes]
         if unknown:
-            raise ValueError(f"retrievers {unknown} have no index in `indexes` ({', '.join(self.indexes)})")
+            raise ValueError(
+                f"retrievers {unknown} have no index in `indexes` ({', '.join(self.indexes)})"
+            )
         return self
 
 
@@ -133,10 +154,21 @@ def plan_runs(cfg: ReportConfig, books: dict[str, bool]) -> list[PlannedRun]:
                 continue
             for retriever in [None] if method == "direct" else cfg.retrievers:
                 name = "__".join(x for x in (_slug(dataset), method, retriever) if x)
-                retrieval = RetrievalConfig(index=cfg.indexes[retriever]) if retriever else RetrievalConfig()
+                retrieval = (
+                    RetrievalConfig(index=cfg.indexes[retriever])
+                    if retriever
+                    else RetrievalConfig()
+                )
                 ecfg = EvalConfig(
-                    method=method, model=cfg.model, dataset=dataset, limit=cfg.limit, protocol=cfg.protocol,
-                    rollout=cfg.rollout, retrieval=retrieval, judge=cfg.judge, require_think=cfg.require_think,
+                    method=method,
+                    model=cfg.model,
+                    dataset=dataset,
+                    limit=cfg.limit,
+                    protocol=cfg.protocol,
+                    rollout=cfg.rollout,
+                    retrieval=retrieval,
+                    judge=cfg.judge,
+                    require_think=cfg.require_think,
                     out=str(Path(cfg.out) / "runs" / name),
                 )
                 runs.append(PlannedRun(dataset, method, retriever, not books[dataset], ecfg))
@@ -156,7 +188,9 @@ def run_state(cfg: EvalConfig) -> Literal["new", "done", "resume"]:
             f"{out} answered the first {old.limit or 'all'} questions; limit {cfg.limit} is smaller: "
             "give the report another --out (or delete that folder)"
         )
-    saved.check_same_config(out, {**old.model_dump(mode="json"), "limit": cfg.limit}, cfg.model_dump(mode="json"))
+    saved.check_same_config(
+        out, {**old.model_dump(mode="json"), "limit": cfg.limit}, cfg.model_dump(mode="json")
+    )
     finished = (out / "metrics.json").is_file() and not (out / saved.PROGRESS).is_file()
     return "done" if finished and not grew else "resume"
 
@@ -171,13 +205,17 @@ def run_report(cfg: ReportConfig, backend=None, progress: bool = True) -> Path:
     books = {d: open_book(d, cfg.limit) for d in cfg.datasets}
     runs = plan_runs(cfg, books)
     if not runs:
-        raise SearchRLError(f"nothing to run: every dataset is closed-book ({', '.join(cfg.datasets)}) and `direct` is not among the methods")
+        raise SearchRLError(
+            f"nothing to run: every dataset is closed-book ({', '.join(cfg.datasets)}) and `direct` is not among the methods"
+        )
     states = [run_state(r.cfg) for r in runs]  # every folder checked before a model loads
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, out / "config.yaml")
     todo = sum(s != "done" for s in states)
-    console.print(f"{len(runs)} runs: {len(runs) - todo} finished (kept), {todo} to run", highlight=False)
+    console.print(
+        f"{len(runs)} runs: {len(runs) - todo} finished (kept), {todo} to run", highlight=False
+    )
     started, own = time.perf_counter(), None
     try:
         for i, (run, state) in enumerate(zip(runs, states), 1):
@@ -188,8 +226,14 @@ def run_report(cfg: ReportConfig, backend=None, progress: bool = True) -> Path:
             if backend is None:
                 from searchrl.rollout.backend import make_backend
 
-                backend = own = make_backend(cfg.rollout.backend, cfg.model, **cfg.rollout.backend_options())
-            console.print(f"{head}" + (" (continued)" if state == "resume" else ""), highlight=False, markup=False)
+                backend = own = make_backend(
+                    cfg.rollout.backend, cfg.model, **cfg.rollout.backend_options()
+                )
+            console.print(
+                f"{head}" + (" (continued)" if state == "resume" else ""),
+                highlight=False,
+                markup=False,
+            )
             m = run_eval(run.cfg, progress=progress, backend=backend, resume=state == "resume")
             console.print(
                 f"    cover-EM {m['cover_em']:.1%}  F1 {m['f1']:.1%}  format ok {m['format_ok_rate']:.0%}  "
@@ -214,5 +258,7 @@ def report_command(config: str | None, overrides: list[str], flags: dict) -> Pat
     path = run_report(cfg)
     table = path.read_text(encoding="utf-8").split("## Results\n\n", 1)[1].split("\n\n", 1)[0]
     Console(soft_wrap=True).print(table, markup=False, highlight=False)
-    Console(stderr=True).print(f"wrote {path} and {path.parent / 'plots' / 'scores.png'}", highlight=False)
+    Console(stderr=True).print(
+        f"wrote {path} and {path.parent / 'plots' / 'scores.png'}", highlight=False
+    )
     return path
