@@ -311,3 +311,19 @@ def prepare_model(name: str = DEFAULT_MODEL) -> tuple[Path | str, int]:
     """Build the cache for `name` if needed; return (what transformers loads, parameter count)."""
     model, _ = load_model(name)
     return resolve_model(name), sum(p.numel() for p in model.parameters())
+
+
+def stored_parameter_count(name: str = DEFAULT_MODEL) -> int | None:
+    """Parameters in a local model folder's safetensors files, read from their headers (no weights
+    loaded); None for a hub id or a folder without safetensors. Tied weights are stored once."""
+    import math
+
+    from safetensors import safe_open
+
+    source = resolve_model(name)
+    files = sorted(Path(source).glob("*.safetensors")) if isinstance(source, Path) and source.is_dir() else []
+    total = 0
+    for path in files:
+        with safe_open(str(path), framework="numpy") as fh:
+            total += sum(math.prod(fh.get_slice(key).get_shape()) for key in fh.keys())  # noqa: SIM118 (safe_open is not iterable)
+    return total or None

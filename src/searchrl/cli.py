@@ -343,6 +343,40 @@ def eval_compare(
     compare_command(runs, out)
 
 
+def _names(value: str | None) -> list[str] | None:
+    return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
+
+
+@eval_app.command("report")
+def eval_report(
+    model: str | None = typer.Option(None, "--model", help="smollm2-135m (default), a checkpoint folder (e.g. runs/demo/train/checkpoints/step_0013) or a hub id."),
+    datasets: str | None = typer.Option(None, "--datasets", help="Comma-separated datasets (default hotpotqa-ircot,2wiki,musique,bamboogle,r1s-hotpotqa500,r1s-2wiki500,r1s-musique500); those without paragraphs in the corpus run direct only."),
+    methods: str | None = typer.Option(None, "--methods", help="Comma-separated: direct,rag,agent (default all three)."),
+    retrievers: str | None = typer.Option(None, "--retrievers", help="Comma-separated: bm25 (localwiki), dense (localwiki-dense, MiniLM; ~17 CPU-min to build once). Default both."),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="First N questions of each dataset (default 50; --set limit=null for all)."),
+    backend: str | None = typer.Option(None, "--backend", help="rollout.backend: hf (default) or vllm."),
+    tags: str | None = typer.Option(None, "--tags", help="protocol.tags (default search-r1, the CPU demo's)."),
+    template: str | None = typer.Option(None, "--template", help="protocol.template (default oneshot, the CPU demo's)."),
+    k: int | None = typer.Option(None, "-k", "--k", min=1, help="rollout.k: passages per search (default 5, the paper's evaluation k)."),
+    max_searches: int | None = typer.Option(None, "--max-searches", min=0, help="rollout.max_searches (default 8)."),
+    max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", min=1, help="rollout.max_new_tokens: agent policy tokens per question (default 512)."),
+    batch_size: int | None = typer.Option(None, "--batch-size", min=1, help="rollout.batch_size: questions generated together (default 16)."),
+    judge_url: str | None = typer.Option(None, "--judge-url", help="judge.url: OpenAI-compatible base URL (…/v1) of an LLM judge; adds ACC_L (key from $OPENAI_API_KEY)."),
+    judge_model: str | None = typer.Option(None, "--judge-model", help="judge.model (default gpt-4o-mini, the paper's)."),
+    out: str | None = typer.Option(None, "--out", help="Report folder (default runs/report): runs/, report.md, plots/. Rerunning keeps finished runs."),
+    config: str | None = typer.Option(None, "--config", help="YAML file of ReportConfig fields; flags given here win over it."),
+    overrides: list[str] | None = typer.Option(None, "--set", help="key=value override of a ReportConfig field, e.g. require_think=false (repeatable)."),
+) -> None:
+    """Evaluate a model on the real benchmarks of the local corpus (direct, rag, agent x BM25, dense): tables and charts beside the paper's figures."""
+    from searchrl.eval.report import report_command
+
+    flags = {"model": model, "datasets": _names(datasets), "methods": _names(methods), "retrievers": _names(retrievers),
+             "limit": limit, "rollout.backend": backend, "protocol.tags": tags, "protocol.template": template,
+             "rollout.k": k, "rollout.max_searches": max_searches, "rollout.max_new_tokens": max_new_tokens,
+             "rollout.batch_size": batch_size, "judge.url": judge_url, "judge.model": judge_model, "out": out}
+    report_command(config, overrides or [], flags)
+
+
 @app.command()
 def ask(
     question: str = typer.Argument(..., help="The question to answer."),

@@ -55,6 +55,17 @@ def _cell(value, kind) -> str:
     return str(value) if kind == 0 else fmt_number(value, kind)
 
 
+def metric_cells(metrics: dict, keys: Sequence[str]) -> list[str]:
+    """The cells of `keys` (metrics.json keys of `COLUMNS`) for one run, formatted as `eval compare` does."""
+    kinds = {key: kind for key, _, kind in COLUMNS}
+    return [_cell(metrics.get(key), kinds[key]) for key in keys]
+
+
+def column_labels(keys: Sequence[str]) -> list[str]:
+    labels = {key: label for key, label, _ in COLUMNS}
+    return [labels[key] for key in keys]
+
+
 def compare_rows(folders: Sequence[str | Path]) -> tuple[list[str], list[list[str]]]:
     """(header, rows) of the comparison, one row per run folder, in the order given."""
     header = list(RUN_COLUMNS) + [label for _, label, _ in COLUMNS]
@@ -64,7 +75,7 @@ def compare_rows(folders: Sequence[str | Path]) -> tuple[list[str], list[list[st
         name = Path(folder).name if Path(folder).is_dir() else Path(folder).parent.name
         rows.append(
             [name] + [str(m.get(key) or "-") for key in RUN_COLUMNS[1:]]
-            + [_cell(m.get(key), kind) for key, _, kind in COLUMNS]
+            + metric_cells(m, [key for key, _, _ in COLUMNS])
         )
     return header, rows
 

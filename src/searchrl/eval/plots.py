@@ -3,10 +3,12 @@ response length, searches per rollout, format-ok rate and answer F1 against the 
 on one axis with the stage boundary marked. Health alarms are marked where they fired (red
 dotted lines), and the steps a rollback abandoned are drawn grey and dashed, ending in a cross at
 the alarm. Reads the run's jsonl files only (metrics, alarms, rollbacks); matplotlib Agg.
+`bar_panels` draws the bar charts of `searchrl eval report`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from itertools import pairwise
 from pathlib import Path
 
@@ -106,6 +108,40 @@ def plot_run(run_dir: Path, out: Path | None = None, window: int | None = None) 
     plt.close(fig_all)
     written.append(path)
     return written
+
+
+def bar_panels(
+    path: Path, title: str, groups: Sequence[str], panels: dict[str, dict[str, Sequence[float | None]]],
+    hatched: Collection[str] = (),
+) -> Path:
+    """One PNG of grouped bar charts, a panel per entry of `panels` (its y label -> series -> one
+    fraction per group, drawn in percent; None: no bar, e.g. a method a dataset did not run).
+    Series named in `hatched` (reference figures) are drawn grey and hatched."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(panels), 1, figsize=(max(6.0, 1.3 * len(groups) + 2), 3.2 * len(panels)), squeeze=False)
+    for ax, (ylabel, series) in zip(axes[:, 0], panels.items()):
+        width = 0.8 / max(len(series), 1)
+        for i, (name, values) in enumerate(series.items()):
+            offset = (i - (len(series) - 1) / 2) * width
+            style = {"color": "lightgray", "hatch": "//", "edgecolor": "dimgray"} if name in hatched else {}
+            pts = [(g + offset, 100 * v) for g, v in enumerate(values) if v is not None]
+            bars = ax.bar([x for x, _ in pts], [y for _, y in pts], width, label=name, **style)
+            ax.bar_label(bars, fmt="%.0f", fontsize=6)  # a 0 shows as a number, not as nothing
+        ax.set_xticks(range(len(groups)), groups, fontsize=8)
+        ax.set_ylim(0, 100)
+        ax.set_ylabel(ylabel)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0, 0].legend(fontsize=7, loc="upper right")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return Path(path)
 
 
 def plot_command(run: Path, out: Path | None, window: int | None) -> None:
