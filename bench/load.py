@@ -41,8 +41,6 @@ import random
 import re
 import socket
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -50,10 +48,9 @@ from pathlib import Path
 
 import httpx
 from pydantic_core import from_json, to_json
-from retrieval import ensure_index, load_corpus, process_cpu_s
+from retrieval import ensure_index, load_corpus, process_cpu_s, start_server
 
 from searchrl.paths import shared_data
-from searchrl.retrieval.server import free_port
 
 GROUP = 16  # rollouts per question (R1-Searcher's samples per prompt)
 QUERY = re.compile(r"<\|begin_of_query\|>(.*?)<\|end_of_query\|>", re.DOTALL)
@@ -242,37 +239,6 @@ def pct(xs: list[float], q: float) -> float:
     """The q-quantile of `xs` (nan when empty)."""
     xs = sorted(xs)
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))] if xs else float("nan")
-
-
-def start_server(index: Path, extra: list[str], workers: int) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "searchrl.cli",
-        "serve",
-        "--index",
-        str(index),
-        "--port",
-        str(port),
-        *extra,
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited ({proc.returncode}):\n{proc.stderr.read()}")
-        try:
-            if (
-                httpx.get(url + "/stats", timeout=2).json()["workers"] >= workers
-            ):  # every worker is up
-                return proc, url
-        except (httpx.TransportError, ValueError):
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("server did not come up in 300 s")
 
 
 def server_cpu_s(pid: int) -> float:
