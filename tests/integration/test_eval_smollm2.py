@@ -72,11 +72,6 @@ def test_every_method_scores_consistently(runs, method):
         assert all(all(r["loss_mask"]) for r in recs)  # passages sit in the prompt
         # The question itself as query finds part of the gold evidence in the toy world.
         assert metrics["retrieval_recall"] > 0.3
-    if method != "agent":
-        # The baselines' worked examples make SmolLM2 close the answer tag: the answers are readable
-        # (without them it ended its turn at once, format-ok 0 of 20).
-        assert metrics["format_ok_rate"] >= 0.9, [r["prediction"] for r in recs]
-        assert metrics["stop_reasons"].get("answer", 0) >= 0.9 * LIMIT
 
 
 def test_agent_searches_and_env_tokens_are_exactly_the_documents(runs):
