@@ -47,7 +47,7 @@ def compute_advantages(*args, **kwargs):
 step.compute_reward = reward
 step.compute_advantages = compute_advantages
 rollout_worker.RolloutWorker.collect = collect
-trainer.step_seed = lambda seed, stage, step_, rank=0: real_seed(seed, stage, step_)  # the same on every rank
+trainer.step_seed = lambda seed, stage, step_, rank=0, rollbacks=0: real_seed(seed, stage, step_, 0, rollbacks)  # the same on every rank
 
 if __name__ == "__main__":
     sys.argv[0] = "searchrl"
