@@ -27,8 +27,13 @@ come from this machine's virtual disk) and warm (a second pass). IVF configurati
 coarse k-means per dimension (each is charged its time). HNSW is built on the first `--hnsw-n`
 vectors only (a 1M x 768 HNSW32 build takes ~20 CPU-minutes); its rows say so.
 
-    python bench/retrieval_scale.py [--n 1000000] [--dims 384,768] [--queries 512] [--threads 2]
-        [--nlist 1024] [--configs flat,sq8,...] [--seconds 8] [--write-doc FILE] [--calibrate]
+    python bench/retrieval_scale.py [--n 1000000] [--dims 768] [--queries 256] [--threads 2]
+        [--nlist 1024] [--hnsw-n 100000] [--configs flat,sq8,...] [--seconds 8]
+        [--write-doc FILE] [--calibrate]
+
+The default (768-d, six configurations) takes ~25 min on a loaded 2-core machine, plus ~10 min
+the first time to generate the vectors (kept in the cache); docs/scale.md has the command of the
+full table (384 and 768, every configuration).
 
 Last line, for the 768-d configuration that reaches recall@10 >= 0.95 within 1/8 of flat's RAM
 (the fastest such; else the best recall within 1/8): `recall_at_10= memory_vs_flat=
@@ -57,7 +62,6 @@ MEAN_NORM = 0.275  # common offset: mean pair cosine 0.07, as MiniLM's
 QUERY_SPREAD = 0.5  # extra within-topic variance of queries
 CLUSTERS = 1000
 TARGET_RECALL = 0.95
-REFINE_K_FACTOR = 16  # candidates re-ranked per hit by the refine stages
 SCALES = {  # name: (passages, dimension)
     "e5-base, wiki-18 (Search-R1)": (21_000_000, 768),
     "bge-large, KILT (R1-Searcher)": (29_000_000, 1024),
@@ -68,25 +72,30 @@ SCALES = {  # name: (passages, dimension)
 class Config:
     key: str  # --configs name
     factory: str
-    knob: str | None = None  # "nprobe" | "ef_search": the swept SearchSettings field
-    sweep: list[int] = field(default_factory=list)
+    sweep: list[dict] = field(default_factory=lambda: [{}])  # SearchSettings fields to try
     subset: int | None = None  # rows it is built on, when not all
     mapped: bool = False  # loaded memory-mapped: its refine vectors stay on disk
 
 
 def configs(d: int, nlist: int, hnsw_n: int) -> list[Config]:
-    probes = [p for p in (16, 64, 256, 512) if p <= nlist]
+    """Per configuration, the settings it is searched with. The refine stages re-rank
+    k_factor x 10 candidates of the fast-scan codes; at 1M the codes rank too coarsely for a
+    small k_factor, and nprobe 128 keeps the IVF partition from capping the recall."""
+    probes = [{"nprobe": p} for p in (16, 64, 256) if p <= nlist]
+    rerank = [{"nprobe": min(128, nlist), "k_factor": k} for k in (16, 64, 256)]
     ivf = f"IVF{nlist}"
     return [
         Config("flat", "Flat"),
         Config("sq8", "SQ8"),
-        Config("hnsw", "HNSW32", "ef_search", [64, 256, 1024], subset=hnsw_n),
-        Config("ivf-sq8", f"{ivf},SQ8", "nprobe", probes),
-        Config("ivf-pq", f"{ivf},PQ{d // 8}", "nprobe", probes),
-        Config("ivf-pqfs", f"{ivf},PQ{d // 4}x4fs", "nprobe", probes),
-        Config("ivf-pqfs-sq6", f"{ivf},PQ{d // 4}x4fs,Refine(SQ6)", "nprobe", probes),
-        Config("ivf-pqfs-rflat", f"{ivf},PQ{d // 4}x4fs,RFlat", "nprobe", probes, mapped=True),
+        Config("hnsw", "HNSW32", [{"ef_search": e} for e in (64, 256, 1024)], subset=hnsw_n),
+        Config("ivf-sq8", f"{ivf},SQ8", probes),
+        Config("ivf-pq", f"{ivf},PQ{d // 8}", probes),
+        Config("ivf-pqfs-sq6", f"{ivf},PQ{d // 4}x4fs,Refine(SQ6)", rerank),
+        Config("ivf-pqfs-rflat", f"{ivf},PQ{d // 2}x4fs,RFlat", rerank, mapped=True),
     ]
+
+
+DEFAULT_CONFIGS = "flat,sq8,hnsw,ivf-pq,ivf-pqfs-sq6,ivf-pqfs-rflat"
 
 
 # --- data ------------------------------------------------------------------------------------
@@ -102,9 +111,10 @@ def mixture(d: int, seed: int, clusters: int = CLUSTERS):
     offset = rng.standard_normal(d)
     offset *= MEAN_NORM / np.linalg.norm(offset)
 
-    def draw(m: int, extra: float = 0.0) -> np.ndarray:  # [m, d] float32, unit rows
-        z = centres[rng.integers(0, clusters, m)]
-        z = z + rng.standard_normal((m, d)) * scale * np.sqrt(1 - BETWEEN + extra)
+    def draw(m: int, extra: float = 0.0, source=None) -> np.ndarray:  # [m, d] float32, unit rows
+        source = source or rng
+        z = centres[source.integers(0, clusters, m)]
+        z = z + source.standard_normal((m, d)) * scale * np.sqrt(1 - BETWEEN + extra)
         v = z @ basis.T + offset
         return (v / np.linalg.norm(v, axis=1, keepdims=True)).astype(np.float32)
 
@@ -114,10 +124,10 @@ def mixture(d: int, seed: int, clusters: int = CLUSTERS):
 def synthetic(folder: Path, n: int, d: int, queries: int) -> tuple[np.ndarray, np.ndarray]:
     """Base vectors [n, d] (a memory-mapped .npy, made once and kept) and queries [queries, d]."""
     path = folder / f"synthetic-{n}x{d}.npy"
-    qpath = folder / f"synthetic-{n}x{d}-queries{queries}.npy"
-    if not (path.is_file() and qpath.is_file()):
+    qpath = folder / f"synthetic-{d}-queries{queries}.npy"
+    draw = mixture(d, seed=d)
+    if not path.is_file():
         print(f"generating {n:,} x {d} synthetic vectors into {path}", flush=True)
-        draw = mixture(d, seed=d)
         tmp = path.with_suffix(".tmp.npy")
         base = np.lib.format.open_memmap(tmp, "w+", np.float32, (n, d))
         for start in range(0, n, 50_000):  # 50k rows at a time: 300 MB of float64 at 768-d
@@ -125,7 +135,8 @@ def synthetic(folder: Path, n: int, d: int, queries: int) -> tuple[np.ndarray, n
         base.flush()
         del base
         os.replace(tmp, path)
-        np.save(qpath, draw(queries, QUERY_SPREAD))
+    if not qpath.is_file():  # drawn apart from the base vectors, so either can change alone
+        np.save(qpath, draw(queries, QUERY_SPREAD, np.random.default_rng(d + 1)))
     return np.load(path, mmap_mode="r"), np.load(qpath)
 
 
@@ -170,7 +181,6 @@ def measure(cfg: Config, path: Path, queries: Path, truth: Path | None, args) ->
     spec = {
         "path": str(path),
         "factory": cfg.factory,
-        "knob": cfg.knob,
         "sweep": cfg.sweep,
         "mapped": cfg.mapped,
         "queries": str(queries),
@@ -221,16 +231,13 @@ def child(spec: dict) -> None:
 
     index, ram = load()
     results = []
-    for value in spec["sweep"] or [None]:
+    for setting in spec["sweep"]:
         if spec["mapped"] and results:
             del index
             index, _ = load()
-        settings = SearchSettings(**({spec["knob"]: value} if value is not None else {}))
-        apply_search_settings(index, settings, factory)
-        if "RFlat" in factory or "Refine(" in factory:
-            apply_search_settings(index, SearchSettings(k_factor=REFINE_K_FACTOR), factory)
+        apply_search_settings(index, SearchSettings(**setting), factory)
         ids, qps = run(index)
-        entry = {"value": value, "queries": len(ids), "qps": qps, "rss": ram}
+        entry = {"setting": setting, "queries": len(ids), "qps": qps, "rss": ram}
         if spec["mapped"]:
             entry["qps_cold"] = qps
             entry["qps"] = run(index)[1]  # warm: the pages read stay in the page cache
@@ -275,7 +282,7 @@ def run_dim(d: int, args, folder: Path, tmp: Path) -> list[dict]:
         ram = size - (n * d * 4 if cfg.mapped else 0)  # mapped: the refine vectors stay on disk
         path.unlink()
         for s in result["settings"]:
-            row = {"d": d, "n": n, "config": cfg.key, "factory": cfg.factory, "knob": cfg.knob}
+            row = {"d": d, "n": n, "config": cfg.key, "factory": cfg.factory}
             row.update(build_s=seconds, bytes=size, ram=ram, disk=size - ram, **s)
             rows.append(row)
             print("   " + _row_line(row), flush=True)
@@ -297,13 +304,8 @@ def _subset_truth(base: np.ndarray, n: int, qpath: Path, tmp: Path, args) -> Pat
 
 
 def _setting(r: dict) -> str:
-    knob = {"nprobe": "nprobe", "ef_search": "efSearch"}.get(r["knob"] or "", "")
-    refine = (
-        f", k_factor={REFINE_K_FACTOR}"
-        if "RFlat" in r["factory"] or "Refine(" in r["factory"]
-        else ""
-    )
-    return f"{knob}={r['value']}{refine}" if knob else "-"
+    names = {"ef_search": "efSearch"}
+    return ", ".join(f"{names.get(k, k)}={v}" for k, v in r["setting"].items()) or "-"
 
 
 def _row_line(r: dict) -> str:
@@ -467,13 +469,17 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=1_000_000, help="vectors per dimension")
-    parser.add_argument("--dims", default="384,768")
-    parser.add_argument("--queries", type=int, default=512)
+    parser.add_argument("--dims", default="768")
+    parser.add_argument("--queries", type=int, default=256)
     parser.add_argument("--nlist", type=int, default=1024, help="IVF lists")
-    parser.add_argument("--hnsw-n", type=int, default=200_000, help="rows HNSW is built on")
+    parser.add_argument("--hnsw-n", type=int, default=100_000, help="rows HNSW is built on")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=8.0, help="search time per setting")
-    parser.add_argument("--configs", default=",".join(c.key for c in configs(768, 1024, 1)))
+    parser.add_argument(
+        "--configs",
+        default=DEFAULT_CONFIGS,
+        help=f"of: {', '.join(c.key for c in configs(768, 1024, 1))}",
+    )
     parser.add_argument("--data", default=None, help="folder for the vectors (default: cache)")
     parser.add_argument("--write-doc", default=None, help="also write the tables to this file")
     parser.add_argument("--calibrate", action="store_true", help="compare with MiniLM and stop")
@@ -517,7 +523,7 @@ def main() -> None:
         f"qps_cold={top.get('qps_cold', top['qps']):.1f}",
         f"flat_qps={flat['qps']:.1f}",
         f"factory={top['factory']}",
-        f"setting={_setting(top).replace(', ', ',')}",
+        *(f"{k}={v}" for k, v in top["setting"].items()),
     ]
     for label, r in (
         ("in_ram_eighth", picks["in_ram_eighth"]),

@@ -138,8 +138,10 @@ def _building(work: Path, out_dir: Path) -> Iterator[None]:
             ) from None
         keep = {EMBEDDINGS, PROGRESS} if encoded_rows(work) else set()
         for item in work.iterdir():
-            if item.name not in keep:
-                shutil.rmtree(item) if item.is_dir() else item.unlink()
+            if item.is_dir():
+                shutil.rmtree(item)
+            elif item.name not in keep:
+                item.unlink()
         if keep:
             log.warning("continuing the interrupted build in %s", work)
         yield
