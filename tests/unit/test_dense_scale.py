@@ -178,6 +178,8 @@ def test_bad_factory_fails_before_encoding(encoder, tmp_path):
         SearchRLError, match=r"FAISS cannot build factory 'IVF8,PQ7'.*PQ m must divide"
     ):
         build_index(CORPUS, tmp_path / "idx", "dense", factory="IVF8,PQ7", progress=False)
+    with pytest.raises(SearchRLError, match=r"'IVF64,Flat' could not be trained on 16 vectors"):
+        build_index(CORPUS, tmp_path / "idx", "dense", factory="IVF64,Flat", progress=False)
     assert spy.texts == []
     assert list(tmp_path.iterdir()) == []
     result = CliRunner().invoke(

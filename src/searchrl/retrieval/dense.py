@@ -33,6 +33,7 @@ from searchrl.retrieval.encoding import (
 from searchrl.retrieval.faiss_index import (
     add_vectors,
     apply_search_settings,
+    check_trainable,
     combine_shards,
     new_faiss_index,
     read_faiss,
@@ -128,7 +129,9 @@ class DenseIndex(StoredIndex, Retriever):
         store = as_passages(passages)
         model = load_embedder(embedder)
         dim = dimension(model)
-        template = new_faiss_index(dim, factory)  # a bad factory fails before hours of encoding
+        # A bad factory or shard count fails before hours of encoding, not after.
+        template = new_faiss_index(dim, factory)
+        check_trainable(template, len(store), factory)
         bounds = shard_bounds(len(store), shards)
         prefixes = default_prefixes(embedder)
         query_prefix = prefixes[0] if query_prefix is None else query_prefix
@@ -154,7 +157,9 @@ class DenseIndex(StoredIndex, Retriever):
             train_index(template, vectors, factory)
             parts = []
             for i, (start, stop) in enumerate(bounds):
-                part = template if shards == 1 else faiss.clone_index(template)
+                last = i == shards - 1
+                part = template if last else faiss.clone_index(template)
+                template = None if last else template  # a written shard is freed, the last too
                 add_vectors(part, vectors[start:stop], progress=progress)
                 if home is not None:
                     path = home / shard_file(i, shards)

@@ -29,6 +29,10 @@ ADD_CHUNK = 65_536  # rows copied out of the memory map per `add` call: 65k x 10
 DEFAULT_NPROBE = 32  # FAISS's own defaults favour speed over recall: nprobe=1 scans one list
 DEFAULT_EF_SEARCH = 64  # ... and efSearch=16
 DEFAULT_K_FACTOR = 8  # ... and a refine stage re-ranks only the k hits it is given
+_SMALL_CORPUS = (
+    "A small corpus needs fewer IVF lists (about N/39 at most) or a factory without training "
+    "(Flat, HNSW32)."
+)
 
 
 def new_faiss_index(
@@ -53,6 +57,16 @@ def train_size(index: faiss.Index, n: int) -> int:
     return min(n, max(MIN_TRAIN, TRAIN_PER_LIST * lists))
 
 
+def check_trainable(index: faiss.Index, n: int, factory: str) -> None:
+    """Raise when `n` vectors cannot train `index` (an IVF needs a vector per list at least)."""
+    ivf = faiss.try_extract_index_ivf(index)
+    if not index.is_trained and ivf is not None and n < ivf.nlist:
+        raise SearchRLError(
+            f"FAISS factory {factory!r} could not be trained on {n} vectors (its IVF has "
+            f"{ivf.nlist} lists). {_SMALL_CORPUS}"
+        )
+
+
 def train_index(
     index: faiss.Index, vectors: np.ndarray, factory: str, *, size: int | None = None, seed: int = 0
 ) -> None:
@@ -75,8 +89,7 @@ def train_index(
         reason = str(exc).strip().splitlines()[-1]
         raise SearchRLError(
             f"FAISS factory {factory!r} could not be trained on {len(rows)} vectors ({reason}). "
-            "A small corpus needs fewer IVF lists (about N/39 at most) or a factory without training "
-            "(Flat, HNSW32)."
+            f"{_SMALL_CORPUS}"
         ) from None
     finally:
         if ivf is not None:

@@ -84,7 +84,7 @@ def build_index(
     work = out_dir.parent / f".{out_dir.name}.building"
     with _building(work, out_dir):
         try:
-            id_hashes = array("q")  # 8 bytes a passage, so a 21M-passage corpus is checked in 170 MB
+            id_hashes = array("q")  # 8 bytes a passage: 21M passages are checked in 170 MB
             store = PassageStore.write(_hashing_ids(passages, id_hashes), work, progress=progress)
             _check_unique_ids(store, id_hashes, manifest_fields.get("source"))
             options = BuildOptions(
