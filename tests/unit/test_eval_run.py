@@ -19,9 +19,11 @@ from searchrl.cli import app
 from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.data.types import Passage, Question
 from searchrl.errors import RetrievalUnavailable, SearchRLError
+from searchrl.eval.answer_prompts import ANSWER_EXAMPLES, answer_protocol, documents_text
 from searchrl.eval.compare import compare_markdown
-from searchrl.eval.run import EvalConfig, answer_prompt, predict, run_eval
+from searchrl.eval.run import EvalConfig, answer_prompt, format_verdict, predict, run_eval
 from searchrl.eval.score import score_file
+from searchrl.protocol import Protocol
 from searchrl.retrieval import RetrievalConfig
 from searchrl.retrieval.index import build_index, open_index
 from searchrl.rollout.backend import SamplingParams
@@ -80,10 +82,11 @@ def agent_policy(text: str) -> str:
 
 
 def answer_policy(text: str) -> str:
-    """rag/direct: answers from the documents when the prompt has them; q3 never closes the tag."""
+    """rag/direct: answers from the documents when the prompt has them; q3 never closes the tag, adds
+    a second line and goes on to write the next user turn."""
     q = _question_of(text)
     if q.startswith("When"):
-        return "1901\nand more words" + EOS
+        return "1901\nOn Mount Harbel.\nUser: And who built it?" + EOS
     if "Documents:" in text.rsplit("User: ", 1)[1]:
         return {"Which": "Tessaly", "Who": "Dagny Halvorsen"}[q.split()[0]] + "</answer>"
     return "Paris</answer>"
@@ -139,11 +142,12 @@ def test_format_rate_follows_the_think_rule_the_model_trained_with(world, tmp_pa
 def test_rag_and_direct_numbers_and_fallback(world, tmp_path, tokenizer):
     rag = run_eval(_cfg(world, tmp_path, "rag"), progress=False, backend=ScriptedBackend(tokenizer, answer_policy))
     recs = _lines(tmp_path / "rag" / "predictions.jsonl")
-    # The answer tag is opened by the prompt; q3 never closes it -> its first line.
+    # The answer tag is opened by the prompt; q3 never closes it -> its first line, cut at the turn end.
     assert [r["prediction"] for r in recs] == ["Tessaly", "Dagny Halvorsen", "1901"]
     assert [r["format_ok"] for r in recs] == [True, True, False]
     assert "answer" in recs[2]["format_failed"]
-    assert [r["stop_reason"] for r in recs] == ["answer", "answer", "eos"]
+    assert [r["stop_reason"] for r in recs] == ["answer", "answer", "turn_end"]
+    assert recs[2]["segments"][0]["text"] == "1901\nOn Mount Harbel.\nUser:"  # nothing past the turn end
     # One retrieval with the question as query, recorded like a search.
     assert [r["queries"] for r in recs] == [[q.question] for q in QUESTIONS]
     assert [r["retrieved_ids"] for r in recs] == [[["p1", "p2"]], [["p3", "p4"]], [["p5"]]]  # BM25: matches only
@@ -160,29 +164,80 @@ def test_rag_and_direct_numbers_and_fallback(world, tmp_path, tokenizer):
     assert (direct["search_rate"], direct["retrieval_recall"]) == (0.0, None)
 
 
-def test_prompts_and_prediction_rules():
+def test_answer_prompts_show_their_own_worked_examples_whatever_the_template(tmp_path, tokenizer):
     docs_prompt = answer_prompt("Q?", PASSAGES[:2], SEARCH_R1_TAGS, "base")
     assert docs_prompt.endswith(
         "User: Documents:\n(1) Title: Quellbridge\nQuellbridge is a market town on the river Tessaly.\n"
         "(2) Title: Tessaly\nThe Tessaly flows into Orrin Bay after eighty kilometres.\n\n"
         "Question: Q?\nAssistant: <answer>"
     )
-    assert docs_prompt.count("User:") == 1 and "using the documents" in docs_prompt
+    assert "using the documents" in docs_prompt
+    # Each example with its own passages, answered between the tags, before the question.
+    assert docs_prompt.count("User: Documents:\n") == 1 + len(ANSWER_EXAMPLES)
+    for question, passages, answer in ANSWER_EXAMPLES:
+        shown = f"{documents_text(passages)}\n\nQuestion: {question}\nAssistant: <answer>{answer}</answer>\n\n"
+        assert shown in docs_prompt
     direct = answer_prompt("Q?", None, SEARCH_R1_TAGS, "base")
-    assert "Documents" not in direct and "documents" not in direct
-    # Few-shot: the worked examples, shown in this format, with their passages for rag only.
-    shots = answer_prompt("Q?", PASSAGES[:1], SEARCH_R1_TAGS, "fewshot")
-    assert shots.count("User: Documents:") == 3 and "Assistant: <answer>Dagny Halvorsen</answer>" in shots
-    assert "(1) Title: Vantrel X2" in shots
-    shots = answer_prompt("Q?", None, SEARCH_R1_TAGS, "fewshot")
-    assert shots.count("User: ") == 3 and "Documents" not in shots and "Tessaly</answer>" in shots
+    assert "Documents" not in direct and "documents" not in direct and "Title:" not in direct
+    assert direct.count("User: ") == 1 + len(ANSWER_EXAMPLES) and direct.endswith("User: Q?\nAssistant: <answer>")
+    # The agent's template picks the form only: completion ones and files give the same prompt...
+    agent_file = tmp_path / "agent.txt"
+    agent_file.write_text("{instruction}\n\nUser: {question}\nAssistant: {think_open}")
+    for template in ("oneshot", "fewshot", str(agent_file)):
+        assert answer_prompt("Q?", PASSAGES[:2], SEARCH_R1_TAGS, template) == docs_prompt
+    # ... a chat one the tokenizer's chat template, examples as earlier turns.
+    chat = answer_prompt("Q?", PASSAGES[:2], SEARCH_R1_TAGS, "fewshot-chat", tokenizer)
+    assert chat.endswith("Question: Q?<|im_end|>\n<|im_start|>assistant\n<answer>")
+    assert chat.count("<|im_start|>assistant\n<answer>Velmar</answer><|im_end|>") == 1 and "User:" not in chat
 
+
+def test_answer_protocol_stops_at_the_answer_and_the_turn_end(tmp_path):
+    agent_file = tmp_path / "agent.txt"
+    agent_file.write_text("{instruction}\n\nUser: {question}\nAssistant: {think_open}")
+    for template in ("base", "oneshot", str(agent_file)):  # a file's own turns are not rag's
+        stops = answer_protocol(Protocol.named("search-r1", template)).stop_strings()
+        assert "</answer>" in stops and "\nUser:" in stops
+    assert "\nUser:" not in answer_protocol(Protocol.named("search-r1", "fewshot-chat")).stop_strings()  # EOS ends it
+
+
+def _answered(text: str, stop_reason: str):
+    """Prediction and format verdict of a rag response the model wrote after the prompt's `<answer>`."""
+    t = Trajectory("q", "Q?", [], [], [], [], [Segment(text, "policy")] if text else [], stop_reason=stop_reason)
+    verdict = format_verdict(t, "rag", Protocol.named("search-r1", "oneshot"), require_think=False)
+    return predict(t, "rag", SEARCH_R1_TAGS), verdict.ok
+
+
+def test_rag_answers_are_read_from_what_the_model_wrote():
+    # What SmolLM2-135M writes with the worked examples: the tag closed, or one line and its turn ended.
+    assert _answered("Velmar</answer>", "answer") == ("Velmar", True)
+    assert _answered(" Harbel 35 </answer>", "answer") == ("Harbel 35", True)
+    assert _answered("Boubedale\n\nUser:", "turn_end") == ("Boubedale", True)
+    assert _answered("Boubedale", "eos") == ("Boubedale", True)  # a chat turn ends with EOS
+    no = "No, the directors of Night over Trigend and Beyond Broulsei are citizens of the same country."
+    assert _answered(no + "\n\nUser:", "turn_end") == (no, True)  # a sentence is an answer too
+    assert _answered("<answer>Velmar</answer>", "answer") == ("Velmar", False)  # read; the tag twice is no format
+    # What it wrote without them (the old prompt): its turn ended at once -> no answer, not "User:".
+    assert _answered("\n\nUser:", "turn_end") == (None, False)
+    # Garbage is never format-ok: an answer it went on explaining, a run-on the budget cut, a copied
+    # passage, nothing, mangled bytes, protocol tags.
+    assert _answered("Selma\nSelma is a film studio founded in 1922.\n\nUser:", "turn_end") == ("Selma", False)
+    assert _answered("Selma\nSelma is a film studio founded in", "length") == ("Selma", False)
+    run_on = "Nedornia's son is Nedornia's son is Nedornia's son is"
+    assert _answered(run_on, "length") == (run_on, False)
+    assert _answered("Velmar", "length") == ("Velmar", False)  # cut: more was coming
+    copied = "\n\n(2) Title: The Mounmym Inheritance\nWritten by Zhenella Somsen"
+    assert _answered(copied, "length") == ("(2) Title: The Mounmym Inheritance", False)
+    assert _answered("", "eos") == (None, False) and _answered("  </answer>", "answer") == (None, False)
+    assert _answered("\ufffd\ufffd</answer>", "answer")[1] is False
+    assert _answered("\ufffd\ufffd\nUser:", "turn_end")[1] is False
+    assert _answered("<search>Velmar</search></answer>", "answer")[1] is False
+    assert _answered("<search>Velmar\nUser:", "turn_end")[1] is False
+
+
+def test_agent_prediction_rules():
     def traj(text, answer=None):
         return Trajectory("q", "Q?", [], [], [], [], [Segment(text, "policy")], answer=answer)
 
-    assert predict(traj("x</answer>"), "rag", SEARCH_R1_TAGS) == "x"
-    assert predict(traj("\n  <search>  \n Velmar port\nmore"), "direct", SEARCH_R1_TAGS) == "Velmar port"
-    assert predict(traj(""), "direct", SEARCH_R1_TAGS) is None
     assert predict(traj("thinking only"), "agent", SEARCH_R1_TAGS) is None
     assert predict(traj("</think><answer> Velmar\nport"), "agent", SEARCH_R1_TAGS) == "Velmar"  # budget cut
     assert predict(traj("...", answer="Velmar"), "agent", SEARCH_R1_TAGS) == "Velmar"

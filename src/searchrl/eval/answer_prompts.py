@@ -1,11 +1,18 @@
-"""Prompts of the `rag` and `direct` evaluation baselines (our wording).
+"""Prompts of the `rag` and `direct` evaluation baselines, and how their answers are read (our
+wording).
 
-The model is asked for the final answer only, between the answer tags, and the prompt already
-opens the answer tag, so the response IS the answer (up to the closing tag). Rag puts the
-retrieved passages in the user turn above the question. With a few-shot template (`fewshot`,
-`fewshot-chat`) the prompt first shows the worked examples of `searchrl.prompts.EXAMPLES`
-reduced to this format (their passages, question, final answer): a 135M model does not close the
-answer tag without seeing it done.
+Every prompt shows `ANSWER_EXAMPLES` first: short worked examples of its own (with their passages
+for rag, without for direct), each answered between the answer tags, then the question with the
+opening answer tag already written, so the response up to the closing tag IS the answer. The
+examples are what make a small model answer at all: SmolLM2-135M given only the instruction wrote
+"The answer is: …" or ended its turn at once ("User:"), and closed the tag 0 of 20 times on the
+toy world; with these examples it closes it 94 of 100 times (README, "Baselines"). They hold
+invented entities only, so they teach the format, never a benchmark answer, and they are the same
+whatever prompt template the agent uses: rag/direct never see the search protocol.
+
+The agent's template picks the form only: chat (the tokenizer's chat template; the turn ends with
+EOS) or completion (`User:` / `Assistant:` turns; a new `User:` line ends the model's turn, a stop
+string here as in the agent's completion templates).
 """
 
 from __future__ import annotations
@@ -14,13 +21,53 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from searchrl.data.types import Passage
-from searchrl.prompts import CHAT_SPLIT, EXAMPLES, apply_chat, resolve_template
-from searchrl.tags import TagSet
+from searchrl.prompts import CHAT_SPLIT, apply_chat, resolve_template, template_turn_end
+from searchrl.protocol import Protocol
+from searchrl.tags import TagSet, extract_answer
 
 INSTRUCTION = (
     "Answer the question{source}. Give only the final answer, in a few words, between "
     "{answer_open} and {answer_close}."
 )
+
+# (question, passages, answer). A bridge question whose passage also names a city the person
+# moved to (the toy world's biographies do), and a comparison, the two shapes of most multi-hop
+# questions.
+ANSWER_EXAMPLES: list[tuple[str, list[Passage], str]] = [
+    (
+        "In which city was the founder of Orrin Optics born?",
+        [
+            Passage(
+                "ex-a1",
+                "Orrin Optics",
+                "Orrin Optics is a camera maker founded in 1958 by Dagny Halvorsen.",
+            ),
+            Passage(
+                "ex-a2",
+                "Dagny Halvorsen",
+                "Dagny Halvorsen (1921-1990) was an engineer born in the port city of Velmar. "
+                "In 1950 she moved to Quellbridge.",
+            ),
+        ],
+        "Velmar",
+    ),
+    (
+        "Which camera came out first, the Vantrel X2 or the Harbel 35?",
+        [
+            Passage(
+                "ex-a3",
+                "Vantrel X2",
+                "The Vantrel X2 is a compact film camera released in 1994 by Orrin Optics.",
+            ),
+            Passage(
+                "ex-a4",
+                "Harbel 35",
+                "The Harbel 35 is a rangefinder camera released in 1961 by Velmar Works.",
+            ),
+        ],
+        "Harbel 35",
+    ),
+]
 
 
 def documents_text(passages: Sequence[Passage]) -> str:
@@ -35,46 +82,44 @@ def user_turn(question: str, passages: Sequence[Passage] | None) -> str:
     return f"Documents:\n{documents_text(passages)}\n\nQuestion: {question}"
 
 
-def _examples(with_passages: bool) -> list[tuple[str, str]]:
-    """(user turn, answer) of each worked example."""
-    out = []
-    for question, steps in EXAMPLES:
-        passages = [p for step in steps if step[0] == "query" for p in step[2]]
-        out.append((user_turn(question, passages if with_passages else None), steps[-1][2]))
-    return out
-
-
-def template_kind(template: str) -> tuple[bool, bool]:
-    """(chat?, few-shot?) of the agent's template: built-ins by name, files by their text (a
-    `---user---` line makes a chat template, an `{examples}` placeholder a few-shot one)."""
+def is_chat_template(template: str) -> bool:
+    """Whether the agent's template is a chat one: built-ins by name, files by a `---user---` line."""
     resolved = resolve_template(template)
     if isinstance(resolved, Path):
-        text = resolved.read_text(encoding="utf-8")
-        return CHAT_SPLIT.search(text) is not None, "{examples}" in text
-    return "chat" in resolved, resolved.startswith("fewshot")
+        return CHAT_SPLIT.search(resolved.read_text(encoding="utf-8")) is not None
+    return "chat" in resolved
 
 
 def answer_prompt(
-    question: str, passages: Sequence[Passage] | None, tags: TagSet, template: str = "base", tokenizer=None
+    question: str,
+    passages: Sequence[Passage] | None,
+    tags: TagSet,
+    template: str = "base",
+    tokenizer=None,
 ) -> str:
-    """The rag (`passages` given) or direct (None) prompt; it ends with the opening answer tag.
-
-    The agent's `template` picks the form: chat (the tokenizer's chat template) or completion,
-    and few-shot or not.
+    """The rag (`passages` given) or direct (None) prompt: instruction, worked examples, question;
+    it ends with the opening answer tag. `template` (the agent's) picks chat or completion form.
 
     >>> from searchrl.tags import SEARCH_R1_TAGS
     >>> print(answer_prompt("Who built Quellbridge?", None, SEARCH_R1_TAGS, "base"))
     Answer the question. Give only the final answer, in a few words, between <answer> and </answer>.
     <BLANKLINE>
+    User: In which city was the founder of Orrin Optics born?
+    Assistant: <answer>Velmar</answer>
+    <BLANKLINE>
+    User: Which camera came out first, the Vantrel X2 or the Harbel 35?
+    Assistant: <answer>Harbel 35</answer>
+    <BLANKLINE>
     User: Who built Quellbridge?
     Assistant: <answer>
     """
-    source = " using the documents" if passages is not None else ""
-    instruction = INSTRUCTION.format(source=source, **tags.as_dict())
-    chat, fewshot = template_kind(template)
-    shots = _examples(passages is not None) if fewshot else []
-    shown = [(u, f"{tags.answer_open}{a}{tags.answer_close}") for u, a in shots]
-    if chat:
+    rag = passages is not None
+    instruction = INSTRUCTION.format(source=" using the documents" if rag else "", **tags.as_dict())
+    shown = [
+        (user_turn(q, ps if rag else None), f"{tags.answer_open}{a}{tags.answer_close}")
+        for q, ps, a in ANSWER_EXAMPLES
+    ]
+    if is_chat_template(template):
         messages = [{"role": "system", "content": instruction}]
         for user, reply in shown:
             messages += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
@@ -83,3 +128,56 @@ def answer_prompt(
     turns = [f"User: {user}\nAssistant: {reply}" for user, reply in shown]
     turns.append(f"User: {user_turn(question, passages)}\nAssistant: {tags.answer_open}")
     return instruction + "\n\n" + "\n\n".join(turns)
+
+
+def answer_protocol(protocol: Protocol) -> Protocol:
+    """What rag/direct generation runs under: the run's tags, and the stop strings of the answer
+    prompt's form — for a completion prompt the closing answer tag and the `User:` turn end, even
+    when the agent's template is a file (whose own turns are the user's business)."""
+    return Protocol(
+        protocol.tags, "chat" if is_chat_template(protocol.template) else "base", protocol.doc_style
+    )
+
+
+def read_answer(response: str, tags: TagSet) -> str | None:
+    """The answer of a rag/direct response (the prompt opened the answer tag): the answer block's
+    text (None if empty); when the model never closed it, the first non-empty line it wrote before
+    ending its turn, protocol tags taken as line breaks (None if there is none).
+
+    >>> from searchrl.tags import SEARCH_R1_TAGS as T
+    >>> read_answer(" Velmar </answer>", T), read_answer("<answer>Velmar</answer>", T)
+    ('Velmar', 'Velmar')
+    >>> read_answer("Velmar port\\nmore", T), read_answer("\\nUser:", T), read_answer("</answer>", T)
+    ('Velmar port', None, None)
+    """
+    if tags.answer_close in response:  # the prompt's open tag, or one the model wrote again
+        return extract_answer(tags.answer_open + response, tags) or None
+    return first_line(response.split(template_turn_end("base"), 1)[0], tags)
+
+
+def closed_response(response: str, stop_reason: str, tags: TagSet) -> str:
+    """The response as the format check reads it. A model that wrote one line and then ended its
+    turn (`User:`, EOS) closed its answer as surely as with the tag, so that line gets the closing
+    tag; everything else is left as written and fails the check unless the tag is there: an empty
+    turn, a second line (a made-up explanation), a line the budget cut.
+
+    >>> from searchrl.tags import SEARCH_R1_TAGS as T
+    >>> closed_response("Velmar\\n\\nUser:", "turn_end", T), closed_response("Velmar", "eos", T)
+    ('Velmar</answer>', 'Velmar</answer>')
+    >>> closed_response("Velmar\\nborn 1921\\n\\nUser:", "turn_end", T), closed_response("Velmar", "length", T)
+    ('Velmar\\nborn 1921\\n\\nUser:', 'Velmar')
+    """
+    if tags.answer_close in response or stop_reason not in ("turn_end", "eos"):
+        return response
+    line = response.split(template_turn_end("base"), 1)[0].strip()
+    return line + tags.answer_close if line and "\n" not in line else response
+
+
+def first_line(text: str, tags: TagSet) -> str | None:
+    """The first non-empty line of `text`, stripped, every protocol tag taken as a line break."""
+    for tag in tags.all_tags():
+        text = text.replace(tag, "\n")
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()
+    return None

@@ -10,11 +10,13 @@ Three methods, all recorded as `Trajectory`s so that one file format serves ever
   part of the prompt, not of the response, so no token of it has loss mask 0.
 - `direct` — no retrieval; the same answer prompt without passages.
 
-The rag/direct prompts (`searchrl.eval.answer_prompts`) end with the opening answer tag, so
-whatever the model writes up to the closing tag is its answer. When it never closes the tag (EOS
-or the length budget), the first non-empty line of its response is taken instead: with the tag
-already open, that line is where the answer is. The agent has no such fallback beyond an answer block the budget cut short (first line
-after its last opening answer tag); a rollout without any answer tag predicts None (scored 0).
+The rag/direct prompts (`searchrl.eval.answer_prompts`) show worked examples of their own and end
+with the opening answer tag, so whatever the model writes up to the closing tag is its answer;
+generation stops there or where the model ends its turn. When it never closes the tag, the first
+non-empty line it wrote before the turn end is the prediction; its format is OK only if that line
+was all it wrote before ending its turn (one line, then `User:` or EOS). The agent
+has no such fallback beyond an answer block the budget cut short (first line after its last
+opening answer tag); a rollout without any answer tag predicts None (scored 0).
 
 The format check of the rewards is reported for every method. Rag/direct responses hold no think
 block, so they are checked as if an empty one had been closed right before the answer: every other
@@ -45,7 +47,13 @@ from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.data.types import Passage, Question
 from searchrl.errors import SearchRLError
 from searchrl.eval import resume as saved
-from searchrl.eval.answer_prompts import answer_prompt
+from searchrl.eval.answer_prompts import (
+    answer_prompt,
+    answer_protocol,
+    closed_response,
+    first_line,
+    read_answer,
+)
 from searchrl.eval.spending import Spending, judge_records
 from searchrl.eval.summary import metrics_markdown, summarize
 from searchrl.judge import JudgeConfig
@@ -90,8 +98,8 @@ class EvalConfig(StrictModel):
         "verdicts are cached on disk, so scoring the same predictions again costs nothing.",
     )
     answer_max_new_tokens: int = Field(
-        64, ge=1, description="Rag/direct: tokens for the answer. It is a few words; small models run on past "
-        "it into made-up dialogue, which a larger budget only makes slower (the first line is kept).",
+        64, ge=1, description="Rag/direct: tokens for the answer. It is a few words and generation stops at the "
+        "closing answer tag or the turn end; the budget only cuts a model that rambles (its first line is kept).",
     )
     require_think: bool = Field(
         True, description="Format rule `think` in the format-OK rate; false as in training runs that drop it (the CPU demo)."
@@ -131,15 +139,6 @@ class NoRetriever(Retriever):
 # Predictions and format
 
 
-def _first_line(text: str, tags: TagSet) -> str | None:
-    for tag in tags.all_tags():
-        text = text.replace(tag, "\n")
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip()
-    return None
-
-
 def predict(traj: Trajectory, method: str, tags: TagSet) -> str | None:
     """The prediction of one trajectory (module docstring: rag/direct fall back to the first line)."""
     policy = "".join(s.text for s in traj.segments if s.source == "policy")
@@ -147,15 +146,13 @@ def predict(traj: Trajectory, method: str, tags: TagSet) -> str | None:
         if traj.answer is not None:
             return traj.answer
         start = policy.rfind(tags.answer_open)
-        return None if start < 0 else _first_line(policy[start + len(tags.answer_open) :], tags)
-    end = policy.find(tags.answer_close)
-    if end >= 0:
-        return policy[:end].strip()
-    return _first_line(policy, tags)
+        return None if start < 0 else first_line(policy[start + len(tags.answer_open) :], tags)
+    return read_answer(policy, tags)
 
 
 def format_verdict(traj: Trajectory, method: str, protocol: Protocol, require_think: bool = True):
-    """The rewards' format check; rag/direct as if an empty think block preceded the answer."""
+    """The rewards' format check; rag/direct as if an empty think block preceded the answer, and
+    with a one-line answer the model ended its turn after taken as closed (`closed_response`)."""
     from searchrl.rewards import check_format, check_segments
 
     if method == "agent":
@@ -163,7 +160,8 @@ def format_verdict(traj: Trajectory, method: str, protocol: Protocol, require_th
             traj, protocol.tags, think_opened_in_prompt=protocol.think_opened_in_prompt, require_think=require_think
         )
     tags = protocol.tags
-    segments = [Segment(tags.think_close + tags.answer_open, "policy"), *traj.segments]
+    response = closed_response("".join(s.text for s in traj.segments), traj.stop_reason, tags)  # all policy text
+    segments = [Segment(tags.think_close + tags.answer_open + response, "policy")]
     return check_segments(segments, tags, question=traj.question, think_opened_in_prompt=True, require_think=require_think)
 
 
@@ -189,7 +187,7 @@ def generate(cfg: EvalConfig, questions: Sequence[Question], backend, retriever:
         answer_prompt(q.question, found[i] if found is not None else None, protocol.tags, protocol.template, backend.tokenizer)
         for i, q in enumerate(questions)
     ]
-    trajs = RolloutEngine(backend, NoRetriever(), protocol, rollout).run(questions, prompts)
+    trajs = RolloutEngine(backend, NoRetriever(), answer_protocol(protocol), rollout).run(questions, prompts)
     for i, (q, t) in enumerate(zip(questions, trajs)):
         t.answer = predict(t, cfg.method, protocol.tags)
         if found is not None:
