@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from searchrl.cli import app
-from searchrl.data.textio import iter_json_lines, read_lines
+from searchrl.data.textio import iter_json_lines, read_appended_jsonl, read_lines
 from searchrl.errors import DataError
 
 # Each line suits every command: a question, a prediction, a response and a passage text.
@@ -54,3 +54,17 @@ def test_torn_last_line_is_an_error_unless_the_caller_skips_it(tmp_path):
     notes: list[str] = []
     assert [v for _, v in iter_json_lines(path, on_torn_tail=notes.append)] == [{"a": 1}, {"a": 2}]
     assert notes == [f"{path}:3: the last line is cut off (no line ending, not valid JSON); skipped it"]
+
+
+def test_appended_jsonl_drops_a_torn_tail_ends_the_last_line_and_names_a_bad_middle_line(tmp_path):
+    path = tmp_path / "progress.jsonl"
+    assert read_appended_jsonl(path, "redo") == []  # nothing written yet
+    path.write_text('{"a": 1}\n{"a": 2}\n{"a": 3, "b"')  # killed mid-write
+    assert read_appended_jsonl(path, "redo") == [{"a": 1}, {"a": 2}]
+    assert path.read_text() == '{"a": 1}\n{"a": 2}\n'  # appending goes on after line 2
+    path.write_text('{"a": 1}\n{"a": 2}')  # killed between the value and its newline
+    assert read_appended_jsonl(path, "redo") == [{"a": 1}, {"a": 2}]
+    assert path.read_text().endswith('{"a": 2}\n')  # the next append starts a line of its own
+    path.write_text('{"a": 1}\nnot json\n{"a": 3}\n')
+    with pytest.raises(DataError, match=r"progress.jsonl:2 is not JSON; delete that line \(its round"):
+        read_appended_jsonl(path, "its round is then sampled again")

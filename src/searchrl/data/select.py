@@ -33,8 +33,9 @@ from pydantic import Field, field_validator, model_validator
 
 from searchrl.config import StrictModel, dump_config
 from searchrl.data.buckets import BUCKETS, Tally, bucket_of
+from searchrl.data.textio import read_appended_jsonl
 from searchrl.data.types import Question
-from searchrl.errors import DataError, SearchRLError, listing
+from searchrl.errors import SearchRLError, listing
 from searchrl.protocol import ProtocolConfig
 from searchrl.retrieval import RetrievalConfig
 from searchrl.rollout.config import RolloutConfig
@@ -165,30 +166,9 @@ def round_seed(seed: int, rnd: int) -> int:
 
 
 def read_rounds(out: Path) -> list[dict]:
-    """The rounds recorded in `out/progress.jsonl`; a torn last line (a kill mid-write) is dropped
-    and cut from the file, so appending goes on from there."""
-    path = out / PROGRESS
-    if not path.is_file():
-        return []
-    lines = path.read_text(encoding="utf-8").split("\n")
-    kept, rounds = [], []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rounds.append(json.loads(line))
-        except json.JSONDecodeError:
-            if n == len(lines):  # no newline after it: the write was cut short
-                break
-            raise DataError(
-                f"{path}:{n} is not JSON; delete that line (its round is then sampled again)"
-            ) from None
-        kept.append(line)
-    if len(kept) < sum(1 for line in lines if line.strip()):
-        tmp = path.with_name(PROGRESS + ".tmp")
-        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-        os.replace(tmp, path)
-    return rounds
+    """The rounds recorded in `out/progress.jsonl` (a torn last line, from a kill mid-write, is
+    dropped and cut from the file, so appending goes on from there)."""
+    return read_appended_jsonl(out / PROGRESS, "its round is then sampled again")
 
 
 def append_round(out: Path, record: dict) -> None:

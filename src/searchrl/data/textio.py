@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -96,3 +97,31 @@ def iter_json_lines(
                 return
             raise json_error(f"{path}:{lineno}", exc) from None
         yield lineno, value
+
+
+def read_appended_jsonl(path: Path, redo: str) -> list:
+    """The values of a JSON-lines file that a process appends to and may be killed writing: a
+    torn last line (no line ending, not valid JSON) is dropped and cut from the file, so appending
+    goes on from there; any other bad line is an error saying to delete it and what that costs
+    (`redo`: "its round is then sampled again")."""
+    if not path.is_file():
+        return []
+    text = path.read_text(encoding="utf-8")
+    lines = text.split("\n")
+    kept, values = [], []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            values.append(json.loads(line))
+        except json.JSONDecodeError:
+            if n == len(lines):  # no newline after it: the write was cut short
+                break
+            raise DataError(f"{path}:{n} is not JSON; delete that line ({redo})") from None
+        kept.append(line)
+    clean = "".join(line + "\n" for line in kept)
+    if clean != text:  # also ends a valid last line cut before its newline
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(clean, encoding="utf-8")
+        os.replace(tmp, path)
+    return values

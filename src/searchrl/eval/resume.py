@@ -16,8 +16,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from searchrl.config import C, flag_overrides, load_config
+from searchrl.data.textio import read_appended_jsonl
 from searchrl.data.types import Question
-from searchrl.errors import DataError, SearchRLError
+from searchrl.errors import SearchRLError
 from searchrl.eval.spending import SPENT_KEYS
 
 PREDICTIONS = "predictions.jsonl"
@@ -58,21 +59,7 @@ def finished_records(out: Path, questions: Sequence[Question]) -> list[dict]:
     """The records an interrupted run wrote into `out`, which must be the first of `questions`
     in order; a torn last line is dropped and cut from the file, so appending goes on from there."""
     path = out / PREDICTIONS
-    if not path.is_file():
-        return []
-    lines = path.read_text(encoding="utf-8").split("\n")
-    kept: list[str] = []
-    records: list[dict] = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            if n == len(lines):  # no newline after it: the write was cut short
-                break
-            raise DataError(f"{path}:{n} is not JSON; delete the line (its question is then run again)") from None
-        kept.append(line)
+    records = read_appended_jsonl(path, "its question is then run again")
     for i, rec in enumerate(records):
         if i >= len(questions) or rec.get("id") != questions[i].id:
             raise SearchRLError(
@@ -80,9 +67,6 @@ def finished_records(out: Path, questions: Sequence[Question]) -> list[dict]:
                 f"{questions[i].id if i < len(questions) else 'missing'!r}; the dataset changed since the run "
                 "started: start a new run with another --out"
             )
-    tmp = path.with_name(PREDICTIONS + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-    os.replace(tmp, path)
     return records
 
 
