@@ -21,6 +21,11 @@ from searchrl.rl.health import HealthConfig, HealthStop, echoes, scan
 from searchrl.runlog import ALARMS_FILE, read_metrics
 
 DEMO = Path(__file__).parent / "data" / "demo_metrics.jsonl"  # the demo's healthy run (fresh clone)
+# configs/toyworld-cpu-long.yaml as shipped (search bonus): healthy, 29 steps.
+LONG = Path(__file__).parent / "data" / "long_run_metrics.jsonl"
+# The same with the paper's Stage-2 reward at a constant learning rate (README, long run D): the
+# policy stopped searching at step 8 and never searched again.
+COLLAPSED = Path(__file__).parent / "data" / "long_run_paper_reward_metrics.jsonl"
 
 
 def _series(key: str, values: list, stage: int = 1, **extra) -> list[dict]:
@@ -35,6 +40,21 @@ def _fired(records: list[dict], **monitors) -> list[tuple[str, int]]:
 def test_demo_run_raises_no_alarm():
     records = [json.loads(line) for line in DEMO.read_text().splitlines()]
     assert len(records) == 13 and scan(records, HealthConfig()) == []
+
+
+def test_shipped_long_run_raises_no_alarm():
+    records = [json.loads(line) for line in LONG.read_text().splitlines()]
+    assert len(records) == 29 and scan(records, HealthConfig()) == []
+
+
+def test_search_collapse_of_the_paper_reward_long_run_is_flagged_where_it_happens():
+    records = [json.loads(line) for line in COLLAPSED.read_text().splitlines()]
+    stage2 = [r for r in records if r["stage"] == 2]
+    # Where it happens: the first step from which the policy never searched again.
+    gone = next(i for i in range(len(stage2)) if all(r["search_rate"] == 0 for r in stage2[i:]))
+    assert stage2[gone - 1]["search_rate"] >= 0.8 and len(stage2) - gone >= 10  # abrupt, and for good
+    alarms = [(a.monitor, a.step) for a in scan(records, HealthConfig()) if a.monitor == "search_collapse"]
+    assert len(alarms) == 1 and 0 <= alarms[0][1] - stage2[gone]["step"] <= 2, (alarms, stage2[gone]["step"])
 
 
 def test_search_collapse_at_step_21_is_flagged_within_two_steps():

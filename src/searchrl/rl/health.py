@@ -69,8 +69,10 @@ class HealthConfig(StrictModel):
     length_drift: MonitorConfig = _monitor(
         3.0, 3, "Mean response_tokens over the window against the median of the stage's first window steps; fires when "
         "the ratio is at or above threshold (explosion) or at or below its inverse (collapse).")
+    # A tenth: on the shipped long run entropy fell from 0.55 to 0.07-0.15 nats a token (a fifth
+    # of its best and less) while search and format held; sampling that stops exploring goes lower.
     entropy_collapse: MonitorConfig = _monitor(
-        0.2, 2, "Mean entropy over the window as a fraction of the stage's best such mean; fires at or below threshold.")
+        0.1, 2, "Mean entropy over the window as a fraction of the stage's best such mean; fires at or below threshold.")
     flat_groups: MonitorConfig = _monitor(
         0.9, 5, "Mean flat_groups (share of question groups whose rewards are all equal: no learning signal) over the "
         "window; fires at or above threshold.")
