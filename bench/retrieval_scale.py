@@ -31,12 +31,12 @@ vectors only (a 1M x 768 HNSW32 build takes ~20 CPU-minutes); its rows say so.
         [--nlist 1024] [--hnsw-n 100000] [--configs flat,sq8,...] [--seconds 8]
         [--write-doc FILE] [--calibrate]
 
-The default (768-d, six configurations) takes ~25 min on a loaded 2-core machine, plus ~10 min
+The default (768-d, eight configurations) takes ~25 min on a loaded 2-core machine, plus ~10 min
 the first time to generate the vectors (kept in the cache); docs/scale.md has the command of the
 full table (384 and 768, every configuration).
 
 Last line, for the 768-d configuration that reaches recall@10 >= 0.95 within 1/8 of flat's RAM
-(the fastest such; else the best recall within 1/8): `recall_at_10= memory_vs_flat=
+(the fastest such; else the best recall within 1/8, else the best recall): `recall_at_10= memory_vs_flat=
 qps_vs_flat= ...`, then the best all-in-RAM configurations.
 """
 
