@@ -31,8 +31,21 @@ INSTRUCTION = (
 )
 
 # (question, passages, answer). A bridge question whose passage also names a city the person
-# moved to (the toy world's biographies do), and a comparison, the two shapes of most multi-hop
-# questions.
+# moved to (the toy world's biographies do), a comparison, and a yes/no question (HotpotQA, 2Wiki
+# and the toy world ask them): without that one, the untrained SmolLM2 given passages answered
+# "No, the directors ... are citizens of the same country" (3 of 11 right on the toy world).
+CAMERAS = [
+    Passage(
+        "ex-a3",
+        "Vantrel X2",
+        "The Vantrel X2 is a compact film camera released in 1994 by Orrin Optics.",
+    ),
+    Passage(
+        "ex-a4",
+        "Harbel 35",
+        "The Harbel 35 is a rangefinder camera released in 1961 by Velmar Works.",
+    ),
+]
 ANSWER_EXAMPLES: list[tuple[str, list[Passage], str]] = [
     (
         "In which city was the founder of Orrin Optics born?",
@@ -53,19 +66,13 @@ ANSWER_EXAMPLES: list[tuple[str, list[Passage], str]] = [
     ),
     (
         "Which camera came out first, the Vantrel X2 or the Harbel 35?",
-        [
-            Passage(
-                "ex-a3",
-                "Vantrel X2",
-                "The Vantrel X2 is a compact film camera released in 1994 by Orrin Optics.",
-            ),
-            Passage(
-                "ex-a4",
-                "Harbel 35",
-                "The Harbel 35 is a rangefinder camera released in 1961 by Velmar Works.",
-            ),
-        ],
+        CAMERAS,
         "Harbel 35",
+    ),
+    (
+        "Were the Vantrel X2 and the Harbel 35 made by the same company?",
+        CAMERAS,
+        "no",
     ),
 ]
 
@@ -109,6 +116,9 @@ def answer_prompt(
     <BLANKLINE>
     User: Which camera came out first, the Vantrel X2 or the Harbel 35?
     Assistant: <answer>Harbel 35</answer>
+    <BLANKLINE>
+    User: Were the Vantrel X2 and the Harbel 35 made by the same company?
+    Assistant: <answer>no</answer>
     <BLANKLINE>
     User: Who built Quellbridge?
     Assistant: <answer>
