@@ -79,18 +79,28 @@ def start_server(index: Path, extra: tuple[str, ...] = (), workers: int = 1) -> 
 
 
 def process_cpu_s(pid: int) -> float:
-    """CPU seconds another process has run so far (Linux only; 0.0 elsewhere). Summed over its
-    threads' schedstat in nanoseconds: /proc/PID/stat counts 10 ms ticks, too coarse here."""
-    total = 0
+    """CPU seconds another process has run so far (Linux only; 0.0 elsewhere): its live threads'
+    schedstat in nanoseconds (/proc/PID/stat counts 10 ms ticks, too coarse for a short pass) plus,
+    in ticks, the threads that have exited (their schedstat is gone; the process's stat keeps
+    them), or a server whose request threads come and go would seem to lose CPU time."""
+
+    def ticks(stat: Path) -> int:  # utime + stime, after the command name (which may hold spaces)
+        fields = stat.read_text().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+
+    live_ns = live_ticks = 0
     try:
+        total_ticks = ticks(Path(f"/proc/{pid}/stat"))
         for task in Path(f"/proc/{pid}/task").iterdir():
             try:
-                total += int((task / "schedstat").read_text().split()[0])
+                live_ns += int((task / "schedstat").read_text().split()[0])
+                live_ticks += ticks(task / "stat")
             except (OSError, IndexError, ValueError):
                 pass  # the thread ended between listing and reading
-    except OSError:
+    except (OSError, IndexError, ValueError):
         return 0.0
-    return total / 1e9
+    exited_ticks = max(0, total_ticks - live_ticks)
+    return live_ns / 1e9 + exited_ticks / os.sysconf("SC_CLK_TCK")
 
 
 def timed_pass(retriever, queries: list[str], batch: int, k: int, server_pid: int | None = None):
