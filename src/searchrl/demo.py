@@ -54,7 +54,9 @@ def resolve_config_path(name: str) -> Path:
     raise SearchRLError(f"config {name!r} is neither a file nor a packaged config ({known})")
 
 
-def _evaluate(label: str, model: str, method: str, train_cfg, cfg: DemoConfig, out: Path, backend) -> Path:
+def _evaluate(
+    label: str, model: str, method: str, train_cfg, cfg: DemoConfig, out: Path, backend, retrieval
+) -> Path:
     """Evaluate `model` as it trained: the training run's protocol, retrieval and rollout settings,
     decoded greedily within the demo's evaluation budget."""
     from searchrl.eval.run import EvalConfig, run_eval
@@ -69,7 +71,7 @@ def _evaluate(label: str, model: str, method: str, train_cfg, cfg: DemoConfig, o
         rollout=train_cfg.rollout.model_copy(
             update={"greedy": True, "max_new_tokens": cfg.eval_max_new_tokens, "batch_size": EVAL_ROLLOUT["batch_size"]}
         ),
-        retrieval=train_cfg.retrieval,
+        retrieval=retrieval,
         require_think=train_cfg.stage2.reward.require_think,  # the format rules the model trained on
         out=str(out / f"eval-{label}-{method}"),
     )
@@ -86,9 +88,19 @@ def stage_summary(records: Sequence[dict]) -> dict:
     """The figures the demo is judged by, read from `metrics.jsonl` records.
 
     Stage 1: search rate and format-ok rate, first step vs last step (and the best reached);
-    Stage 2: mean answer F1 of the first quarter of steps vs the last quarter.
+    Stage 2: mean answer F1 of the first quarter of steps vs the last quarter; an SFT stage: its
+    loss at the first and last step.
     """
     out: dict = {}
+    for stage in (1, 2):  # an SFT stage (configs/sft-demo-cpu.yaml) has no rollouts: its loss
+        sft = [r for r in records if r["stage"] == stage and "sft_loss" in r]
+        if sft:
+            out[f"sft{stage}"] = {
+                "steps": len(sft),
+                "loss_first": sft[0]["sft_loss"],
+                "loss_last": sft[-1]["sft_loss"],
+            }
+    records = [r for r in records if "sft_loss" not in r]
     s1 = [r for r in records if r["stage"] == 1]
     if s1:
         out["stage1"] = {
@@ -140,6 +152,16 @@ def report_markdown(eval_dirs: Sequence[Path], summary: dict, plots: Sequence[Pa
             f"{s['format_ok_first_quarter']:.2f} -> {s['format_ok_last_quarter']:.2f}",
             "",
         ]
+    for stage in (1, 2):
+        if f"sft{stage}" in summary:
+            s = summary[f"sft{stage}"]
+            lines += [
+                f"## Stage {stage} (supervised fine-tuning on gold trajectories)",
+                "",
+                f"- steps: {s['steps']}",
+                f"- loss per policy token: {s['loss_first']:.3f} at the first step -> {s['loss_last']:.3f} at the last",
+                "",
+            ]
     if plots:
         lines += ["## Training curves", ""]
         lines += [f"![{p.stem}]({p.relative_to(out).as_posix()})" for p in plots if p.name == "training_curves.png"]
@@ -173,17 +195,18 @@ def run_demo(cfg: DemoConfig, overrides: Sequence[str] = ()) -> Path:
     console.rule("2. retrieval server")
     with serve_in_background(retriever) as url:
         console.print(f"serving {index_name!r} at {url} (POST /search, /queries, /retrieve; GET /health)")
+        served = train_cfg.retrieval.model_copy(update={"index": None, "url": url})
+        # SFT's gold trajectories list the index's passages, which a server cannot: an SFT recipe
+        # (configs/sft-demo-cpu.yaml) trains on the local index; evaluation still goes through the server.
+        sft = "sft" in (train_cfg.stage1.kind, train_cfg.stage2.kind)
         train_cfg = train_cfg.model_copy(
-            update={
-                "out": str(out / "train"),
-                "retrieval": train_cfg.retrieval.model_copy(update={"index": None, "url": url}),
-            }
+            update={"out": str(out / "train"), "retrieval": train_cfg.retrieval if sft else served}
         )
 
         console.rule("3. the untrained model")
         backend = make_backend(train_cfg.rollout.backend, train_cfg.model, **train_cfg.rollout.backend_options())
         eval_dirs = [
-            _evaluate("untrained", train_cfg.model, method, train_cfg, cfg, out, backend)
+            _evaluate("untrained", train_cfg.model, method, train_cfg, cfg, out, backend, served)
             for method in ("agent", "rag")
         ]
         backend.close()
@@ -198,7 +221,7 @@ def run_demo(cfg: DemoConfig, overrides: Sequence[str] = ()) -> Path:
                 raise SearchRLError(f"training wrote no checkpoint under {run_dir}")
             console.rule("5. the trained model")
             trained = make_backend(train_cfg.rollout.backend, str(final), **train_cfg.rollout.backend_options())
-            eval_dirs.append(_evaluate("trained", str(final), "agent", train_cfg, cfg, out, trained))
+            eval_dirs.append(_evaluate("trained", str(final), "agent", train_cfg, cfg, out, trained, served))
             trained.close()
             summary = stage_summary(read_metrics(run_dir))
             plots = plot_run(run_dir, out / "plots")

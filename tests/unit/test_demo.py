@@ -71,3 +71,20 @@ def test_demo_trains_both_stages_then_reports_before_after_and_curves(tmp_path):
     report = (out / "report.md").read_text()
     assert "Stage 1 (learn to call search)" in report and "Stage 2 (learn to use the results)" in report
     assert "(plots/training_curves.png)" in report and (out / "plots" / "training_curves.png").is_file()
+
+
+def test_demo_runs_the_sft_recipe_with_gold_paths_from_the_local_index(tmp_path):
+    # SFT reads its gold trajectories' passages from the index, which the demo's server cannot list
+    tiny = ["model=tiny-random", "stage1.steps=1", "stage2.steps=1", "stage1.prompts_per_step=2",
+            "stage2.prompts_per_step=2", "logging.progress=false"]  # gold paths need the 128 tokens
+    cfg = DemoConfig(out=str(tmp_path / "sft"), train_config="sft-demo-cpu", eval_limit=1,
+                     eval_max_new_tokens=16)
+    out = run_demo(cfg, tiny)
+    train_config = yaml.safe_load((out / "train" / "config.yaml").read_text())
+    assert train_config["stage1"]["kind"] == "sft" and train_config["retrieval"]["index"] == "toyworld"
+    assert [r["stage"] for r in read_metrics(out / "train")] == [1, 2]
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary) == {"seconds", "sft1", "sft2"} and summary["sft2"]["steps"] == 1
+    assert "Stage 2 (supervised fine-tuning on gold trajectories)" in (out / "report.md").read_text()
+    trained = yaml.safe_load((out / "eval-trained-agent" / "config.yaml").read_text())
+    assert trained["retrieval"]["index"] is None and trained["retrieval"]["url"].startswith("http://127.0.0.1:")
