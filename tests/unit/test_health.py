@@ -26,6 +26,8 @@ LONG = Path(__file__).parent / "data" / "long_run_metrics.jsonl"
 # The same with the paper's Stage-2 reward at a constant learning rate (README, long run D): the
 # policy stopped searching at step 8 and never searched again.
 COLLAPSED = Path(__file__).parent / "data" / "long_run_paper_reward_metrics.jsonl"
+# Run D with `rollback` armed (README, long run E): the run folder as the trainer left it.
+ROLLED = Path(__file__).parent / "data" / "long_run_rollback"
 
 
 def _series(key: str, values: list, stage: int = 1, **extra) -> list[dict]:
@@ -55,6 +57,23 @@ def test_search_collapse_of_the_paper_reward_long_run_is_flagged_where_it_happen
     assert stage2[gone - 1]["search_rate"] >= 0.8 and len(stage2) - gone >= 10  # abrupt, and for good
     alarms = [(a.monitor, a.step) for a in scan(records, HealthConfig()) if a.monitor == "search_collapse"]
     assert len(alarms) == 1 and 0 <= alarms[0][1] - stage2[gone]["step"] <= 2, (alarms, stage2[gone]["step"])
+
+
+def test_the_rollback_run_kept_searching_with_no_echo_in_its_last_quarter():
+    collapsed = [json.loads(line) for line in COLLAPSED.read_text().splitlines()]
+    abandoned = [json.loads(line) for line in (ROLLED / "metrics.rolled_back.jsonl").read_text().splitlines()]
+    # The same run as D up to the alarm: its abandoned steps are D's steps 6-8, D's collapse included.
+    keys = ("step", "search_rate", "answer_f1", "reward")
+    assert [[r[k] for k in keys] for r in abandoned] == [[r[k] for k in keys] for r in collapsed[5:8]]
+    result = CliRunner().invoke(app, ["health", str(ROLLED), "--json"])
+    report = json.loads(result.stdout.splitlines()[-1])
+    assert result.exit_code == 1 and report["alarms"] == []  # the one alarm became the rollback
+    assert [(r["monitor"], r["step"], r["to_step"]) for r in report["rollbacks"]] == [("search_collapse", 8, 5)]
+    stage2 = [r for r in read_metrics(ROLLED) if r["stage"] == 2]
+    last = stage2[-len(stage2) // 4 :]
+    assert len(stage2) == 40 and stage2[-1]["search_rate"] >= 0.5
+    assert min(r["search_rate"] for r in last) >= 0.5 and max(r["health_answer_echo"] for r in last) < HealthConfig().answer_echo.threshold
+    assert scan(read_metrics(ROLLED), HealthConfig()) == []
 
 
 def test_search_collapse_at_step_21_is_flagged_within_two_steps():
