@@ -69,12 +69,13 @@ def test_the_rollback_run_kept_searching_with_no_echo_in_its_last_quarter():
     report = json.loads(result.stdout.splitlines()[-1])
     assert result.exit_code == 1 and report["alarms"] == []  # the one alarm became the rollback
     assert [(r["monitor"], r["step"], r["to_step"]) for r in report["rollbacks"]] == [("search_collapse", 8, 5)]
-    stage2 = [r for r in read_metrics(ROLLED) if r["stage"] == 2]
+    records = read_metrics(ROLLED)
+    stage2 = [r for r in records if r["stage"] == 2]
     last = stage2[-len(stage2) // 4 :]
     assert len(stage2) == 40 and stage2[-1]["search_rate"] >= 0.5
     assert min(r["search_rate"] for r in last) >= 0.5
     assert max(r["health_answer_echo"] for r in last) < HealthConfig().answer_echo.threshold
-    assert scan(read_metrics(ROLLED), HealthConfig()) == []
+    assert scan(records, HealthConfig()) == []
 
 
 def test_search_collapse_at_step_21_is_flagged_within_two_steps():
