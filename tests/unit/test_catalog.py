@@ -107,7 +107,7 @@ def toy_home(tmp_path_factory):
 
 
 def test_toyworld_datasets_are_generated_into_the_cache_once(toy_home):
-    counted = {i.name: i.count for i in catalog.list_datasets() if i.name.startswith("toyworld")}
+    counted = {i.name: i.count for i in catalog.list_datasets() if i.name in ("toyworld:train", "toyworld:test")}
     train = catalog.load_dataset("toyworld:train")
     test = catalog.load_dataset("toyworld:test")
     assert counted == {"toyworld:train": len(train), "toyworld:test": len(test)}  # cheap count was exact
@@ -119,6 +119,19 @@ def test_toyworld_datasets_are_generated_into_the_cache_once(toy_home):
     corpus_ids = {json.loads(line)["id"] for line in (built / "corpus.jsonl").open()}
     assert {s for q in train + test for s in q.supporting_ids} <= corpus_ids
     assert catalog.load_dataset("toyworld:train") == train  # read back from the cache, same ids
+
+
+def test_shipped_selection_is_toyworld_train_as_generated_today(toy_home):
+    # The file was written by `data select` + `data compose`: a changed generator must ship a new one.
+    selected = catalog.load_dataset("toyworld:selected")
+    train = {q.id: q for q in catalog.load_dataset("toyworld:train")}
+    info = next(i for i in catalog.list_datasets() if i.name == "toyworld:selected")
+    assert info.count == len(selected) == len({q.id for q in selected}) == 39
+    for q in selected:
+        assert (q.question, q.answers, q.supporting_ids) == (
+            train[q.id].question, train[q.id].answers, train[q.id].supporting_ids
+        )
+        assert q.type in ("comparison", "bridge-comparison")
 
 
 def test_toyworld_index_is_built_once_and_finds_gold_passages(toy_home):

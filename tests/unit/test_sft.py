@@ -351,7 +351,7 @@ def test_sft_demo_config_has_the_rl_demo_budget_and_one_sample_per_question():
         load_config(TrainConfig, CONFIGS / "sft-demo-cpu.yaml", ["stage2.samples_per_prompt=8"])
     cfg = load_config(TrainConfig, CONFIGS / "sft-demo-cpu.yaml")
     demo = load_config(TrainConfig, CONFIGS / "demo-cpu.yaml")
-    # the demo's budget: same steps and sequences a step, same schedule and question pools
+    # the demo's budget: same steps and sequences a step, same schedule
     for n in (1, 2):
         s, d = cfg.stage(n), demo.stage(n)
         assert (s.kind, s.steps, s.prompts_per_step * s.samples_per_prompt) == (
@@ -359,7 +359,10 @@ def test_sft_demo_config_has_the_rl_demo_budget_and_one_sample_per_question():
             d.steps,
             d.prompts_per_step * d.samples_per_prompt,
         )
-        assert s.question_types == d.question_types
+    # the same pools: Stage 1 all of toyworld:train; Stage 2 the comparisons RL's selection came from
+    assert (cfg.stage1.dataset, cfg.stage1.question_types) == (demo.stage1.dataset, demo.stage1.question_types)
+    assert demo.stage2.dataset == "toyworld:selected" and cfg.stage2.dataset == "toyworld:train"
+    assert cfg.stage2.question_types == ["comparison", "bridge-comparison"]
     # micro-batches trade memory for speed and never change the result
     assert cfg.algorithm.model_copy(update={"micro_batch_size": 8}) == demo.algorithm
     assert cfg.rollout == demo.rollout and cfg.protocol == demo.protocol

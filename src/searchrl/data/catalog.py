@@ -197,6 +197,21 @@ _toyworld_entry("train")
 _toyworld_entry("test")
 
 
+def _selected_entry() -> None:
+    """`data select`'s Medium + Difficult toy-world comparisons, shipped so no run has to select."""
+    name, rel = "toyworld:selected", "configs/data/toyworld-selected.jsonl"
+    path = Path(__file__).resolve().parent.parent / rel
+
+    def load() -> list[Question]:
+        return load_questions(path)
+
+    desc = "Toy-world comparisons SmolLM2 finds Medium or Difficult (data select over 200 of toyworld:train)"
+    DATASETS.register(name)(DatasetEntry(name, desc, f"searchrl/{rel}", load, lambda: _count_lines(path)))
+
+
+_selected_entry()
+
+
 # ---------------------------------------------------------------- datasets API
 
 def load_dataset(spec: str) -> list[Question]:
