@@ -124,7 +124,7 @@ def test_agent_run_numbers(world, tmp_path, tokenizer):
     assert "token_ids" not in recs[0]  # no --dump-tokens
     # Three distinct queries, none from the in-process cache; the time spent searching them.
     assert (metrics["retrieval_queries"], metrics["retrieval_cache_hits"], metrics["retrieval_cache_hit_rate"]) == (3, 0, 0.0)
-    assert 0 < metrics["retrieval_s"] <= metrics["seconds"] + 0.005  # search is part of generation; seconds has 2 decimals
+    assert 0 < metrics["retrieval_s"] <= metrics["seconds"]
     assert "| queries searched (cache hit %), seconds in search | 3 (0.0), " in (tmp_path / "agent" / "metrics.md").read_text()
 
 
