@@ -1,4 +1,19 @@
-"""Errors meant for people: what was wrong, where, and what to do."""
+"""Errors meant for people: what was wrong, where, and what to do; and the exit codes.
+
+Every command exits with one of four codes, the same for all of them:
+
+| code | meaning |
+|---|---|
+| 0 | success |
+| 1 | a finding the command exists to report (an alarm in `health`, a failed check) |
+| 2 | bad input or usage: a `SearchRLError`, a wrong flag; the message says what to fix |
+| 3 | an internal error (a bug): one line on the terminal, the traceback saved to a file |
+"""
+
+EXIT_OK = 0
+EXIT_FINDING = 1
+EXIT_USAGE = 2
+EXIT_INTERNAL = 3
 
 
 class SearchRLError(Exception):
