@@ -25,11 +25,12 @@ A cell issues requests for --seconds (at most --max-requests), waits for those i
 reports queries/s (completed queries over the cell's wall time), p50/p99 request latency, errors
 (transport failures, non-200 answers, wrong result counts: no retries) and the server's cache hit
 rate over the cell (/stats; repeats inside one request count as hits). The load generator runs in
-this process, on the same machine as the servers.
+this process, on the same machine as the servers. With --auth both servers require a bearer
+token (`serve --api-key-env`, a random one) and every request carries it.
 Last line: `name=value` pairs, ratios first.
 
     python bench/load.py [--kind bm25|dense] [--workers 2] [--concurrency 1,4,16,64,256]
-                         [--batches 1,64] [--seconds 4] [--repeat 0.5] [--k 3]
+                         [--batches 1,64] [--seconds 4] [--repeat 0.5] [--k 3] [--auth]
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import json
 import os
 import random
 import re
+import secrets
 import socket
 import statistics
 import threading
@@ -55,6 +57,8 @@ from searchrl.paths import shared_data
 GROUP = 16  # rollouts per question (R1-Searcher's samples per prompt)
 QUERY = re.compile(r"<\|begin_of_query\|>(.*?)<\|end_of_query\|>", re.DOTALL)
 CONTENT_LENGTH = re.compile(rb"(?i)\r\ncontent-length:\s*(\d+)")
+TOKEN_ENV = "SEARCHRL_BENCH_TOKEN"  # --auth: the servers read their token from here
+AUTH: dict[str, str] = {}  # the headers every request carries: {} or the bearer token
 
 
 def load_pool(data: Path) -> tuple[list[list[str]], int]:
@@ -157,7 +161,8 @@ class Connection:
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         head = (
             f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
+            + "".join(f"{k}: {v}\r\n" for k, v in AUTH.items())
+            + f"Content-Length: {len(body)}\r\n\r\n"
         )
         self.sock.sendall(head.encode() + body)
         while b"\r\n\r\n" not in self.buf:
@@ -254,14 +259,14 @@ def server_cpu_s(pid: int) -> float:
 
 
 def stats(url: str) -> dict:
-    return httpx.get(url + "/stats", timeout=30).json()
+    return httpx.get(url + "/stats", headers=AUTH, timeout=30).json()
 
 
 def measure(
     url: str, pid: int, traffic: Traffic, clients: int, batch: int, args, cached: bool
 ) -> Cell:
     if cached:
-        httpx.delete(url + "/cache", timeout=30)
+        httpx.delete(url + "/cache", headers=AUTH, timeout=30)
         time.sleep(0.3)  # every worker's counters published
     before, cpu, mine = stats(url), server_cpu_s(pid), time.process_time()
     cell = run_cell(url, traffic, clients, batch, args.k, args.seconds, args.max_requests)
@@ -349,6 +354,9 @@ def main() -> None:
         help="chance a rollout sends its group's query verbatim",
     )
     ap.add_argument("--k", type=int, default=3, help="passages per query (the paper's training k)")
+    ap.add_argument(
+        "--auth", action="store_true", help="servers require a bearer token; requests send it"
+    )
     args = ap.parse_args()
     os.environ.setdefault(
         "OMP_NUM_THREADS", "1"
@@ -366,10 +374,17 @@ def main() -> None:
         f"per setting; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} (shared: other jobs run too)",
         flush=True,
     )
+    auth = []
+    if args.auth:
+        os.environ[TOKEN_ENV] = secrets.token_hex(32)  # the servers inherit it
+        AUTH["Authorization"] = f"Bearer {os.environ[TOKEN_ENV]}"
+        auth = ["--api-key-env", TOKEN_ENV]
     base_proc, base = start_server(
-        index, ["--workers", "1", "--batch-window-ms", "0", "--cache-size", "0"], 1
+        index, ["--workers", "1", "--batch-window-ms", "0", "--cache-size", "0", *auth], 1, AUTH
     )
-    serv_proc, serv = start_server(index, ["--workers", str(args.workers)], args.workers)
+    serv_proc, serv = start_server(
+        index, ["--workers", str(args.workers), *auth], args.workers, AUTH
+    )
     results: dict[tuple, Result] = {}
     plan = [(b, c, GROUP) for b in batches for c in concurrency]
     if 1 in batches and 64 in concurrency:

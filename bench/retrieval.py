@@ -58,8 +58,11 @@ def ensure_index(kind: str, passages: list[Passage]) -> Path:
     return out
 
 
-def start_server(index: Path, extra: tuple[str, ...] = (), workers: int = 1) -> tuple[subprocess.Popen, str]:
-    """`searchrl serve` on a free loopback port, returned once `workers` worker processes answer."""
+def start_server(
+    index: Path, extra: tuple[str, ...] = (), workers: int = 1, headers: dict[str, str] | None = None
+) -> tuple[subprocess.Popen, str]:
+    """`searchrl serve` on a free loopback port, returned once `workers` worker processes answer
+    (`headers`: sent with the polls, e.g. the server's bearer token)."""
     port = free_port()
     cmd = [sys.executable, "-m", "searchrl.cli", "serve", "--index", str(index), "--port", str(port), *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -69,7 +72,7 @@ def start_server(index: Path, extra: tuple[str, ...] = (), workers: int = 1) -> 
         if proc.poll() is not None:
             raise SystemExit(f"server exited ({proc.returncode}):\n{proc.stderr.read()}")
         try:
-            if httpx.get(url + "/stats", timeout=2).json()["workers"] >= workers:
+            if httpx.get(url + "/stats", headers=headers, timeout=2).json()["workers"] >= workers:
                 return proc, url
         except (httpx.TransportError, ValueError):
             pass

@@ -57,7 +57,7 @@ def eval_score(
 @app.command()
 def serve(
     index: str = typer.Option(..., help="Index directory (from `searchrl index build`) or a catalog name (toyworld, localwiki)."),
-    host: str = typer.Option("127.0.0.1", help="Interface to bind. The API has no authentication: use 0.0.0.0 only on a trusted network."),
+    host: str = typer.Option("127.0.0.1", help="Interface to bind. On loopback only Host: 127.0.0.1, localhost or [::1] is answered (a defence against DNS rebinding). On another interface anyone who reaches the port may search unless --api-key-env is set."),
     port: int = typer.Option(8000, min=1, max=65535, help="TCP port to listen on."),
     workers: int = typer.Option(1, min=1, help="Worker processes behind the one port, sharing the memory-mapped index and the result cache (up to one per core)."),
     batch_window_ms: float = typer.Option(2.0, min=0, max=1000, help="Gather concurrent requests for this long into one index call; 0 turns batching off."),
@@ -67,6 +67,8 @@ def serve(
     max_batch: int = typer.Option(4096, min=1, help="Most queries accepted in one request (larger batches get HTTP 413)."),
     max_k: int = typer.Option(100, min=1, help="Most passages per query a client may ask for (more gets HTTP 422)."),
     max_query_chars: int = typer.Option(2000, min=1, help="Longer queries are cut to this many characters (and logged)."),
+    max_body_mb: float | None = typer.Option(None, "--max-body-mb", min=0.001, help="Largest request body in MB; larger ones get HTTP 413 before they are read (default: max-batch x max-query-chars x 6 bytes + 1 MB, 50.2 MB)."),
+    api_key_env: str | None = typer.Option(None, "--api-key-env", help="Environment variable holding a bearer token: then every route (/health, /stats, DELETE /cache, /docs included) needs `Authorization: Bearer <token>`. Without it there is no /docs and DELETE /cache is refused (403) unless the client is on this machine."),
     nprobe: int | None = typer.Option(None, "--nprobe", min=1, help="Dense IVF index: lists probed per query (default: the index's, else 32)."),
     ef_search: int | None = typer.Option(None, "--ef-search", min=1, help="Dense HNSW index: search beam width (default: the index's, else 64)."),
     k_factor: int | None = typer.Option(None, "--k-factor", min=1, help="Dense index with a refine stage: candidates re-ranked per passage returned (default: the index's, else 8)."),
@@ -76,10 +78,10 @@ def serve(
     from searchrl.retrieval import serving
     from searchrl.retrieval.server import ServerLimits
 
-    limits = ServerLimits(max_batch=max_batch, max_k=max_k, max_query_chars=max_query_chars)
+    limits = ServerLimits(max_batch=max_batch, max_k=max_k, max_query_chars=max_query_chars, max_body_mb=max_body_mb)
     serving.serve(serving.ServeConfig(index=index, host=host, port=port, workers=workers, batch_window_ms=batch_window_ms,
                            batch_max_queries=batch_max_queries, cache_size=cache_size, cache_file=cache_file, limits=limits,
-                           nprobe=nprobe, ef_search=ef_search, k_factor=k_factor, faiss_gpu=faiss_gpu))
+                           nprobe=nprobe, ef_search=ef_search, k_factor=k_factor, faiss_gpu=faiss_gpu, api_key_env=api_key_env))
 
 
 # --- datasets catalog ---

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 
@@ -14,6 +15,7 @@ from searchrl.data.types import Passage
 from searchrl.errors import RetrievalUnavailable, SearchRLError
 from searchrl.retrieval.base import Retriever
 from searchrl.retrieval.http import HttpRetriever, RetryConfig, _r1_passages, _search_r1_passage
+from searchrl.retrieval.querycache import LocalCache
 from searchrl.retrieval.server import ServerLimits, create_app, free_port, serve_in_background
 
 PASSAGES = [
@@ -332,16 +334,250 @@ def test_slow_server_times_out_into_retrieval_unavailable(retriever):
         assert time.monotonic() - start < 1.0  # two 0.2 s timeouts, not the server's 0.6 s
 
 
-def test_backend_exception_reaches_the_client_as_a_500_detail():
+def test_a_backend_exception_is_logged_and_the_client_gets_a_request_id_not_its_text(caplog):
     class Broken(Retriever):
         def search(self, queries, k):
-            raise ValueError("shard 3 unreadable")
+            raise ValueError("shard /srv/secret/3.bin unreadable")
 
     client = TestClient(create_app(Broken()), raise_server_exceptions=False)
-    r = client.post("/search", json={"queries": ["q"], "k": 1})
+    with caplog.at_level(logging.ERROR, logger="searchrl.retrieval.server"):
+        r = client.post("/search", json={"queries": ["q"], "k": 1})
     assert r.status_code == 500
-    assert r.json()["detail"] == "backend Broken failed: ValueError: shard 3 unreadable"
+    detail = r.json()["detail"]
+    assert detail.startswith(
+        "backend Broken failed on 1 queries: internal error, see the server log"
+    )
+    assert "ValueError" not in r.text and "secret" not in r.text
+    request_id = detail.rsplit(" ", 1)[1]
+    (record,) = caplog.records
+    assert record.getMessage() == f"request {request_id}: backend Broken failed on 1 queries"
+    assert (
+        "ValueError: shard /srv/secret/3.bin unreadable" in caplog.text
+    )  # the traceback is logged
     assert client.get("/health").json() == {"status": "ok", "kind": "Broken", "passages": None}
+
+
+def test_an_unhandled_exception_outside_a_search_is_a_generic_500(caplog):
+    class NoLength(WordOverlap):
+        def __len__(self):
+            raise RuntimeError("manifest at /srv/secret unreadable")
+
+    client = TestClient(create_app(NoLength()), raise_server_exceptions=False)
+    with caplog.at_level(logging.ERROR, logger="searchrl.retrieval.server"):
+        r = client.get("/health")
+    assert r.status_code == 500 and r.headers["content-type"] == "application/json"
+    assert r.json()["detail"].startswith(
+        "unhandled error: internal error, see the server log for request "
+    )
+    assert "secret" not in r.text and "RuntimeError" not in r.text
+    assert "RuntimeError: manifest at /srv/secret unreadable" in caplog.text
+
+
+async def _asgi(app, method: str, path: str, headers: dict[str, str], chunks: list[bytes]):
+    """One request straight into the ASGI app: (status, JSON body, how many chunks it read)."""
+    import json
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "client": ("127.0.0.1", 5000),
+        "server": ("127.0.0.1", 8000),
+        "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json")]
+        + [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+    }
+    read, sent = [0], []
+
+    async def receive():
+        read[0] += 1
+        i = read[0] - 1
+        return {"type": "http.request", "body": chunks[i], "more_body": i + 1 < len(chunks)}
+
+    async def send(message):
+        sent.append(message)
+
+    await app(scope, receive, send)
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return sent[0]["status"], json.loads(body), read[0]
+
+
+def _body(size: int) -> bytes:
+    """A valid /search body of exactly `size` bytes."""
+    head, tail = b'{"queries": ["capital ', b'"], "k": 1}'
+    return head + b"x" * (size - len(head) - len(tail)) + tail
+
+
+def test_a_content_length_over_the_limit_is_refused_before_a_byte_is_read(retriever):
+    import asyncio
+
+    app = create_app(retriever, ServerLimits(max_body_mb=0.001))  # 1,000 bytes
+    retriever.calls.clear()
+    status, body, read = asyncio.run(
+        _asgi(app, "POST", "/search", {"content-length": "400000000"}, [b"{"] * 10)
+    )
+    assert (status, read) == (413, 0)
+    assert "400,000,000 bytes exceeds the server limit of 1,000 bytes" in body["detail"]
+    assert "--max-body-mb" in body["detail"] and retriever.calls == []
+    exact = asyncio.run(_asgi(app, "POST", "/search", {"content-length": "1000"}, [_body(1000)]))
+    assert exact[0] == 200 and retriever.calls == [1]  # the limit itself is allowed
+
+
+def test_a_chunked_body_is_read_up_to_the_limit_and_no_further(retriever):
+    import asyncio
+
+    app = create_app(retriever, ServerLimits(max_body_mb=0.001))
+    whole = _body(4000)
+    chunks = [whole[i : i + 300] for i in range(0, 4000, 300)]  # 14 chunks, no Content-Length
+    retriever.calls.clear()
+    status, body, read = asyncio.run(_asgi(app, "POST", "/search", {}, chunks))
+    assert (status, read) == (413, 4)  # 1,200 bytes: the fourth chunk crossed 1,000
+    assert (
+        "more than 1,000 bytes exceeds the server limit" in body["detail"] and retriever.calls == []
+    )
+    fits = _body(1000)
+    status, _, read = asyncio.run(_asgi(app, "POST", "/search", {}, [fits[:600], fits[600:]]))
+    assert (status, read) == (200, 2)
+    # Over TestClient too: a body without Content-Length gets the same 413.
+    r = TestClient(app, base_url="http://127.0.0.1").post("/search", content=iter(chunks))
+    assert r.status_code == 413 and "more than 1,000 bytes" in r.json()["detail"]
+
+
+def test_the_default_body_limit_holds_a_full_batch_of_escaped_longest_queries():
+    import json
+
+    limits = ServerLimits()
+    assert limits.max_body_bytes() == 4096 * 2000 * 6 + 1_000_000 == 50_152_000
+    # The widest body a Python client sends for max_batch queries of max_query_chars: every
+    # character escaped as \uXXXX (json.dumps' ensure_ascii, which requests uses).
+    widest = json.dumps({"queries": ["é" * 2000] * 4096, "k": 100})
+    assert len(widest) <= limits.max_body_bytes()
+    assert ServerLimits(max_batch=8192).max_body_bytes() == 8192 * 2000 * 6 + 1_000_000
+    assert ServerLimits(max_body_mb=200).max_body_bytes() == 200_000_000
+
+
+TOKEN = "t0ken-9f2c"
+
+
+@pytest.fixture(scope="module")
+def locked(retriever):
+    return TestClient(
+        create_app(retriever, api_key=TOKEN, cache=LocalCache(10)), raise_server_exceptions=False
+    )
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/search"),
+        ("POST", "/queries"),
+        ("POST", "/retrieve"),
+        ("GET", "/health"),
+        ("GET", "/stats"),
+        ("DELETE", "/cache"),
+        ("GET", "/docs"),
+        ("GET", "/openapi.json"),
+        ("GET", "/nowhere"),
+    ],
+)
+@pytest.mark.parametrize(
+    "auth", [None, "Bearer wrong", f"Basic {TOKEN}", f"Bearer {TOKEN}x", "Bearer"]
+)
+def test_with_a_token_every_route_needs_it(locked, retriever, method, path, auth):
+    retriever.calls.clear()
+    headers = {} if auth is None else {"Authorization": auth}
+    r = locked.request(
+        method, path, json={"queries": ["capital"], "k": 1, "topk": 1}, headers=headers
+    )
+    assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+    assert "Authorization: Bearer <token>" in r.json()["detail"] and retriever.calls == []
+
+
+def test_with_the_token_every_route_answers(locked):
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    assert (
+        locked.post(
+            "/search", json={"queries": ["capital of France"], "k": 1}, headers=auth
+        ).json()["results"][0][0]["id"]
+        == "p0"
+    )
+    assert (
+        locked.post("/retrieve", json={"queries": ["x"], "topk": 1}, headers=auth).status_code
+        == 200
+    )
+    assert locked.get("/health", headers={"authorization": f"bearer  {TOKEN} "}).status_code == 200
+    assert locked.get("/stats", headers=auth).json()["requests"] >= 1
+    assert locked.delete("/cache", headers=auth).json()["cleared"] >= 1
+    assert locked.get("/docs", headers=auth).status_code == 200
+    assert (
+        locked.get("/openapi.json", headers=auth).json()["info"]["title"]
+        == "searchrl retrieval server"
+    )
+
+
+def test_without_a_token_no_docs_and_the_cache_is_emptied_only_from_this_machine(retriever):
+    app = create_app(retriever, cache=LocalCache(10))
+    far = TestClient(app, client=("203.0.113.7", 40000))
+    assert far.get("/docs").status_code == 404 and far.get("/openapi.json").status_code == 404
+    assert far.post("/search", json={"queries": ["capital"], "k": 1}).status_code == 200
+    assert far.get("/stats").json()["cache"]["entries"] == 1
+    r = far.delete("/cache")
+    assert r.status_code == 403 and "--api-key-env" in r.json()["detail"]
+    assert far.get("/stats").json()["cache"]["entries"] == 1
+    for near in (("127.0.0.1", 1), ("::1", 1)):
+        assert TestClient(app, client=near).delete("/cache").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("header", "ok"),
+    [
+        ("127.0.0.1", True),
+        ("127.0.0.1:8000", True),
+        ("localhost", True),
+        ("LocalHost:80", True),
+        ("[::1]", True),
+        ("[::1]:8000", True),
+        ("evil.example", False),
+        ("evil.example:8000", False),
+        ("127.0.0.1.evil.example", False),
+        ("localhost.evil.example", False),
+        ("127.0.0.2", False),
+        ("", False),
+        ("::1", False),
+        ("127.0.0.1:8000:1", False),
+        ("127.0.0.1@evil.example", False),
+        ("[::1]evil", False),
+    ],
+)
+def test_a_loopback_server_answers_only_loopback_host_names(retriever, header, ok):
+    client = TestClient(create_app(retriever, host="127.0.0.1"), base_url="http://127.0.0.1:8000")
+    r = client.get("/health", headers={"host": header})
+    assert r.status_code == (200 if ok else 400)
+    if not ok:
+        assert "answers only Host: 127.0.0.1, localhost or [::1]" in r.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    ("host", "checked"),
+    [
+        ("127.0.0.1", True),
+        ("::1", True),
+        ("localhost", True),
+        ("127.0.0.5", True),
+        ("0.0.0.0", False),
+        ("10.1.2.3", False),
+    ],
+)
+def test_the_host_check_is_on_only_when_bound_to_loopback(retriever, host, checked):
+    client = TestClient(create_app(retriever, host=host), base_url="http://127.0.0.1:8000")
+    assert client.get("/health", headers={"host": "evil.example"}).status_code == (
+        400 if checked else 200
+    )
 
 
 def test_parses_r1searcher_strings_from_the_authors_server():

@@ -18,7 +18,7 @@ from test_server import PASSAGES, QUERIES, WordOverlap
 from searchrl.data.types import Passage
 from searchrl.retrieval.http import HttpRetriever
 from searchrl.retrieval.querycache import CachedRetriever, LocalCache, SharedCache, normalise_query
-from searchrl.retrieval.server import create_app, free_port, serve_in_background
+from searchrl.retrieval.server import ServerLimits, create_app, free_port, serve_in_background
 
 DIALECTS = [
     ("/search", {"k": 3}),
@@ -225,21 +225,25 @@ def test_the_batching_window_merges_concurrent_requests_into_one_index_call():
     }
 
 
-def test_a_backend_failure_inside_a_batch_reaches_the_request_as_a_500():
+def test_a_backend_failure_inside_a_batch_reaches_the_request_as_a_500(caplog):
     class Broken(WordOverlap):
         def search(self, queries, k):
             raise ValueError("shard 3 unreadable")
 
     client = TestClient(create_app(Broken(), batch_window_ms=1), raise_server_exceptions=False)
-    r = client.post("/search", json={"queries": ["q"], "k": 1})
-    assert (
-        r.status_code == 500
-        and r.json()["detail"] == "backend word-overlap failed: ValueError: shard 3 unreadable"
+    with caplog.at_level(logging.ERROR, logger="searchrl.retrieval.server"):
+        r = client.post("/search", json={"queries": ["q"], "k": 1})
+    assert r.status_code == 500
+    detail = r.json()["detail"]
+    assert detail.startswith(
+        "backend word-overlap failed on 1 queries: internal error, see the server log"
     )
+    assert "shard" not in detail and "ValueError: shard 3 unreadable" in caplog.text
 
 
 def test_stats_count_requests_hits_and_index_calls_and_the_cache_can_be_emptied():
-    client = TestClient(create_app(WordOverlap(), cache=LocalCache(50)))
+    # A client on this machine: without a token, only such a client may empty the cache.
+    client = TestClient(create_app(WordOverlap(), cache=LocalCache(50)), client=("127.0.0.1", 1))
     client.post("/search", json={"queries": QUERIES, "k": 2})
     client.post("/search", json={"queries": [QUERIES[0], "", QUERIES[0], "new words"], "k": 2})
     stats = client.get("/stats").json()
@@ -385,3 +389,118 @@ def test_a_query_that_arrives_while_its_twin_is_searched_is_not_searched_again()
     assert retriever.calls == [1]  # the batching thread found it in the cache before searching
     assert got["twin"] == got["first"] == WordOverlap().search(["capital of France"], 2)
     assert (stats["cache"]["hits"], stats["index"]["queries"]) == (1, 1)
+
+
+TOKEN_ENV, TOKEN = "SEARCHRL_TEST_SERVE_TOKEN", "9c1e-test-token"
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture(scope="module")
+def guarded(bm25_dir):
+    """`searchrl serve` with the default limits and a token: (URL, process)."""
+    import os
+
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "searchrl.cli",
+        "serve",
+        "--index",
+        str(bm25_dir),
+        "--port",
+        str(port),
+        "--api-key-env",
+        TOKEN_ENV,
+    ]
+    env = {**os.environ, TOKEN_ENV: TOKEN}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "searchrl serve did not come up in 60 s"
+            try:
+                if httpx.get(url + "/health", headers=AUTH, timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        yield url, proc
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
+def _kb(pid: int, field: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def _generated(mb: int):
+    """A /search body of `mb` million bytes and 25 more, made as it is sent."""
+    yield b'{"queries": ["'
+    chunk = b"a" * 1_000_000
+    for _ in range(mb):
+        yield chunk
+    yield b'"], "k": 1}'
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_a_400_mb_body_gets_413_and_the_server_holds_at_most_its_limit(guarded, framing):
+    url, proc = guarded
+    limit = ServerLimits().max_body_bytes()  # the default: 50.2 MB
+    headers = {**AUTH, "content-type": "application/json"}
+    if framing == "content-length":
+        headers["content-length"] = str(400_000_025)
+    with open(f"/proc/{proc.pid}/clear_refs", "w") as f:
+        f.write("5")  # the peak (VmHWM) starts again from the current RSS
+    before = _kb(proc.pid, "VmRSS") * 1024
+    start = time.monotonic()
+    r = httpx.post(url + "/search", content=_generated(400), headers=headers, timeout=60)
+    assert r.status_code == 413 and time.monotonic() - start < 30
+    assert f"exceeds the server limit of {limit:,} bytes" in r.json()["detail"]
+    grown, peak = (_kb(proc.pid, f) * 1024 - before for f in ("VmRSS", "VmHWM"))
+    assert grown < limit
+    # Refused by its Content-Length, the body is never read; without one, read up to the limit.
+    assert peak < (5_000_000 if framing == "content-length" else limit + 5_000_000)
+    ok = httpx.post(url + "/search", json={"queries": ["capital of France"], "k": 1}, headers=AUTH)
+    assert ok.json()["results"][0][0]["id"] == "p0"
+
+
+def test_serve_with_a_token_refuses_requests_without_it_and_foreign_host_names(guarded):
+    url, _ = guarded
+    r = httpx.get(url + "/health")
+    assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+    assert httpx.get(url + "/stats", headers={"authorization": "Bearer nope"}).status_code == 401
+    assert httpx.get(url + "/health", headers=AUTH).json() == {
+        "status": "ok",
+        "kind": "bm25",
+        "passages": 5,
+    }
+    assert httpx.delete(url + "/cache", headers=AUTH).status_code == 200
+    assert httpx.get(url + "/docs", headers=AUTH).status_code == 200
+    rebound = httpx.get(url + "/health", headers={**AUTH, "host": "attacker.example:8000"})
+    assert (
+        rebound.status_code == 400
+        and "Host: 127.0.0.1, localhost or [::1]" in rebound.json()["detail"]
+    )
+
+
+@pytest.mark.parametrize("value", [None, "", "   "])
+def test_serve_refuses_to_start_when_the_token_variable_is_unset_or_empty(
+    bm25_dir, monkeypatch, value
+):
+    from typer.testing import CliRunner
+
+    from searchrl.cli import app
+
+    if value is None:
+        monkeypatch.delenv(TOKEN_ENV, raising=False)
+    else:
+        monkeypatch.setenv(TOKEN_ENV, value)
+    result = CliRunner().invoke(
+        app, ["serve", "--index", str(bm25_dir), "--api-key-env", TOKEN_ENV]
+    )
+    assert result.exit_code != 0
+    assert f"the environment variable {TOKEN_ENV} is unset or empty" in str(result.exception)

@@ -14,6 +14,12 @@
 - `GET /health` -> `{"status": "ok", "kind": ..., "passages": n | null}`.
 - `GET /stats` -> requests, queries, truncated queries, cache hits and hit rate, index calls and
   their mean batch, summed over every worker process (`ServerStats`); `DELETE /cache` empties it.
+- `GET /docs`, `/openapi.json`: the API's pages, only on a server with a token.
+
+Before a route runs, `Guard` (guard.py) checks the Host header on a loopback-bound server, the
+bearer token when there is one, and the body's size (`ServerLimits.max_body_mb`), reading no byte
+past the limit. A failure inside is logged with its traceback under a request id; the client gets
+that id and no exception text (which may hold paths or data).
 
 A search goes: limits (an over-long query is cut to `max_query_chars` and logged, not refused:
 one runaway rollout must not fail its whole batch) -> the result cache (optional) -> the batching
@@ -38,6 +44,7 @@ import contextlib
 import logging
 import threading
 import time
+import uuid
 
 from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.concurrency import run_in_threadpool
@@ -50,6 +57,7 @@ from searchrl.data.types import Passage
 from searchrl.errors import SearchRLError
 from searchrl.retrieval.base import Retriever
 from searchrl.retrieval.batching import BatchingRetriever
+from searchrl.retrieval.guard import Guard, is_loopback
 from searchrl.retrieval.querycache import CachedRetriever, LocalCache, SharedCache
 from searchrl.retrieval.serverstats import CountedIndex, ServerStats
 
@@ -66,6 +74,18 @@ class ServerLimits(StrictModel):
         2000, ge=1, description="Longer queries are cut to this many characters and logged (`--max-query-chars`)."
     )
     max_k: int = Field(100, ge=1, description="Most passages per query (`--max-k`); more get HTTP 422.")
+    max_body_mb: float | None = Field(
+        None,
+        gt=0,
+        description="Largest request body in MB of 10^6 bytes (`--max-body-mb`); a larger one "
+        "gets HTTP 413 before it is read. Default: max_batch queries of max_query_chars characters, each "
+        "written as a 6-byte JSON escape (`\\uXXXX`), plus 1 MB: 50.2 MB with the defaults.",
+    )
+
+    def max_body_bytes(self) -> int:
+        if self.max_body_mb is not None:
+            return int(self.max_body_mb * 1e6)
+        return self.max_batch * self.max_query_chars * 6 + 1_000_000
 
 
 class _Request(BaseModel):
@@ -118,11 +138,16 @@ def create_app(
     batch_window_ms: float = 0.0,
     batch_max_queries: int = 1024,
     cache: LocalCache | SharedCache | None = None,
+    api_key: str | None = None,
+    host: str | None = None,
 ) -> FastAPI:
     """A FastAPI app answering the three search dialects from `retriever`.
 
     `batch_window_ms` > 0 gathers concurrent requests into one index call (at most
-    `batch_max_queries` queries, a larger request alone); `cache` answers repeated queries."""
+    `batch_max_queries` queries, a larger request alone); `cache` answers repeated queries.
+    `api_key`: the bearer token every request must carry (None: no token, no docs pages, and
+    `DELETE /cache` only from loopback clients). `host`: the address the server is bound to; a
+    loopback one turns the Host check on."""
     limits = limits or ServerLimits()
     kind = getattr(retriever, "kind", type(retriever).__name__)
     index = CountedIndex(retriever)
@@ -131,7 +156,17 @@ def create_app(
     if batch_window_ms > 0:  # the cache is written on the batching thread, once per index call
         batcher = BatchingRetriever(index, batch_window_ms / 1000, batch_max_queries, cache=cache)
     stats = ServerStats(index, cached, batcher)
-    app = FastAPI(title="searchrl retrieval server", docs_url="/docs", redoc_url=None)
+    docs = api_key is not None
+    app = FastAPI(
+        title="searchrl retrieval server",
+        docs_url="/docs" if docs else None,
+        openapi_url="/openapi.json" if docs else None,
+        redoc_url=None,
+    )
+    loopback_only = host is not None and is_loopback(host)
+    app.add_middleware(
+        Guard, max_body=limits.max_body_bytes(), token=api_key, loopback_only=loopback_only
+    )
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, exc: RequestValidationError) -> Response:
@@ -140,9 +175,8 @@ def create_app(
         return Response(detail, status_code=422, media_type="application/json")
 
     @app.exception_handler(Exception)
-    async def crashed(_request: Request, exc: Exception) -> Response:
-        log.exception("unhandled error")
-        return _json({"detail": f"server error: {type(exc).__name__}: {exc}"}, 500)
+    async def crashed(_request: Request, _exc: Exception) -> Response:
+        return _json({"detail": _logged_failure("unhandled error")}, 500)
 
     async def run(queries: list[str], k: int) -> list[list[Passage]]:
         if batcher is None:  # each request searched alone, in a worker thread, under the index lock
@@ -175,10 +209,9 @@ def create_app(
         stats.request(sum(1 for q in queries if q and q.strip()), truncated)
         try:
             results = await run(queries, k)
-        except Exception as exc:  # the client sees why, and retries: the cause may be transient
-            log.exception("backend %s failed on %d queries", kind, len(queries))
+        except Exception:  # noqa: BLE001 - logged there; the client retries: it may be transient
             raise HTTPException(
-                500, f"backend {kind} failed: {type(exc).__name__}: {exc}"
+                500, _logged_failure(f"backend {kind} failed on {len(queries)} queries")
             ) from None
         if len(results) != len(queries):
             raise HTTPException(
@@ -241,6 +274,14 @@ def create_app(
     return app
 
 
+def _logged_failure(what: str) -> str:
+    """Logs the exception being handled, traceback included, under a new request id; returns what
+    the client is told: `what` and that id, no exception text."""
+    request_id = uuid.uuid4().hex[:12]
+    log.exception("request %s: %s", request_id, what)
+    return f"{what}: internal error, see the server log for request {request_id}"
+
+
 def _truncate(queries: list[str], max_chars: int) -> tuple[list[str], int]:
     """`queries` with each one longer than `max_chars` cut to that length; one log line a request."""
     cut = [i for i, q in enumerate(queries) if len(q) > max_chars]
@@ -275,7 +316,9 @@ def serve_in_background(app_or_retriever, host: str = "127.0.0.1", keep_alive_s:
     """
     import uvicorn
 
-    app = app_or_retriever if isinstance(app_or_retriever, FastAPI) else create_app(app_or_retriever)
+    app = app_or_retriever
+    if not isinstance(app, FastAPI):
+        app = create_app(app_or_retriever, host=host)
     port = port or free_port(host)
     config = uvicorn.Config(
         app, host=host, port=port, log_level="error", access_log=False, timeout_keep_alive=keep_alive_s

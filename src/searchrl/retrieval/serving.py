@@ -44,7 +44,12 @@ class ServeConfig(StrictModel):
     index: str = Field(
         description="Index directory, catalog index name, or an http(s):// server URL to front."
     )
-    host: str = Field("127.0.0.1", description="Interface to bind; the API has no authentication.")
+    host: str = Field(
+        "127.0.0.1",
+        description="Interface to bind. On loopback only Host: 127.0.0.1, localhost or [::1] is "
+        "answered (DNS rebinding); elsewhere anyone who reaches the port may search unless "
+        "api_key_env is set.",
+    )
     port: int = Field(8000, ge=1, le=65535, description="TCP port.")
     workers: int = Field(
         1,
@@ -73,6 +78,12 @@ class ServeConfig(StrictModel):
         description="SQLite file of the cache, kept across restarts; default: a temporary one.",
     )
     limits: ServerLimits = Field(default_factory=ServerLimits, description="Request limits.")
+    api_key_env: str | None = Field(
+        None,
+        description="Environment variable holding a bearer token that every request must carry "
+        "(`Authorization: Bearer <token>`), /health, /stats, DELETE /cache and /docs included. "
+        "Without one: no /docs, and DELETE /cache only from this machine.",
+    )
     nprobe: int | None = Field(None, ge=1, description="Dense IVF index: lists probed per query (default: the index's).")
     ef_search: int | None = Field(None, ge=1, description="Dense HNSW index: search beam width (default: the index's).")
     k_factor: int | None = Field(None, ge=1, description="Dense index with a refine stage: candidates re-ranked per hit.")
@@ -121,6 +132,19 @@ def index_identity(source: str) -> str:
     return f"{source}@{digest}@{manifest.stat().st_mtime_ns}"
 
 
+def api_key(name: str | None) -> str | None:
+    """The token in the environment variable `name` (None when no variable is named)."""
+    if name is None:
+        return None
+    token = os.environ.get(name, "").strip()
+    if not token:
+        raise SearchRLError(
+            f"--api-key-env {name}: the environment variable {name} is unset or empty; put the "
+            f"token there (`export {name}=$(openssl rand -hex 32)`) or leave --api-key-env out"
+        )
+    return token
+
+
 def build_app(plan: WorkerPlan):
     """One worker's app: the index opened here (memory-mapped) and warmed up, the cache,
     batching, limits."""
@@ -144,6 +168,8 @@ def build_app(plan: WorkerPlan):
         batch_window_ms=cfg.batch_window_ms,
         batch_max_queries=cfg.batch_max_queries,
         cache=cache,
+        api_key=api_key(cfg.api_key_env),  # workers inherit the variable; the plan never holds it
+        host=cfg.host,
     )
 
 
@@ -156,6 +182,7 @@ def serve(cfg: ServeConfig, log_level: str = "info") -> None:
     """Run the server until interrupted."""
     import uvicorn
 
+    api_key(cfg.api_key_env)  # refused here, once, before any index is opened
     source = resolve_source(cfg.index)
     # Search settings change an approximate index's answers: they are part of the cache key.
     index_id = f"{index_identity(source)}@{cfg.search_settings()}"
@@ -213,8 +240,11 @@ def _announce(cfg: ServeConfig, source: str, cache_file: str | None) -> None:
         else f"{cfg.cache_size:,} entries" + (f" in {cache_file}" if cache_file else " in-process")
     )
     batching = f"{cfg.batch_window_ms:g} ms window" if cfg.batch_window_ms > 0 else "off"
+    auth = f"token from ${cfg.api_key_env}" if cfg.api_key_env else "no token"
     print(
-        f"serving {source} at http://{cfg.host}:{cfg.port} with {cfg.workers} worker(s); batching {batching}; cache {cache} "
+        f"serving {source} at http://{cfg.host}:{cfg.port} with {cfg.workers} worker(s); "
+        f"batching {batching}; cache {cache}; {auth}; bodies up to "
+        f"{cfg.limits.max_body_bytes() / 1e6:.1f} MB "
         "- POST /search (native), /queries (R1-Searcher), /retrieve (Search-R1); GET /health, /stats",
         flush=True,
     )
