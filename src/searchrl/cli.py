@@ -443,7 +443,7 @@ def health(
     run: str = typer.Argument(..., help="Run directory of `searchrl train`, finished or still training (reads its metrics.jsonl)."),
     as_json: bool = typer.Option(False, "--json", help="Print the alarms as one JSON object."),
 ) -> None:
-    """Replay the health monitors over a run's metrics: print the alarms with their steps; exit 1 if any fired, 0 if healthy."""
+    """Replay the health monitors over a run's metrics: print the alarms with their steps; exit 1 if any fired, 0 if healthy, 2 if the run cannot be judged."""
     from pathlib import Path
 
     from searchrl.rl.health import health_command
