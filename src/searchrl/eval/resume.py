@@ -63,8 +63,8 @@ def refuse_existing(out: Path) -> None:
     found += [PREDICTIONS] if predictions.is_file() and predictions.stat().st_size > 0 else []
     if found:
         raise SearchRLError(
-            f"{out} already holds an evaluation ({', '.join(found)}): see it with `searchrl eval run --resume {out}` "
-            "(a finished run answers nothing again), start over with --overwrite, or choose another --out"
+            f"{out} already holds an evaluation ({', '.join(found)}): continue it with `searchrl eval run --resume {out}`, "
+            "start over with --overwrite, or choose another --out"
         )
 
 
