@@ -39,6 +39,11 @@ def test_plot_cli_and_errors(tmp_path):
     assert (tmp_path / "figs" / "reward.png").is_file()
     with pytest.raises(SearchRLError, match="metrics.jsonl"):
         plot_run(tmp_path / "nothing-here")
+    torn = tmp_path / "torn"
+    torn.mkdir()
+    (torn / "metrics.jsonl").write_text('{"stage": 1, "st')  # killed while writing its first step
+    with pytest.raises(SearchRLError, match="metrics.jsonl is missing or holds no complete step record"):
+        plot_run(torn)
 
 
 def test_smooth_is_a_trailing_mean():
