@@ -320,6 +320,7 @@ def eval_run(
     overrides: list[str] | None = typer.Option(None, "--set", help="key=value override of an EvalConfig field, nested with dots: rollout.k=3 (repeatable)."),
     as_json: bool = typer.Option(False, "--json", help="Print metrics as one JSON object (no progress bar, no table)."),
     resume: str | None = typer.Option(None, "--resume", help="Output folder of a stopped run: keep its predictions, answer the rest with its config.yaml (flags may not change it)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Start over in an --out folder that holds a run (its predictions are lost); without it such a folder is refused."),
 ) -> None:
     """Evaluate a model on a dataset (agent | rag | direct); write predictions and metrics."""
     from searchrl.eval.run import eval_command
@@ -331,7 +332,7 @@ def eval_run(
              "rollout.max_searches": max_searches, "rollout.max_new_tokens": max_new_tokens,
              "answer_max_new_tokens": answer_max_new_tokens, "rollout.batch_size": batch_size,
              "dump_tokens": dump_tokens, "out": out}
-    eval_command(config, overrides or [], flags, as_json, resume)
+    eval_command(config, overrides or [], flags, as_json, resume, overwrite)
 
 
 @eval_app.command("compare")
@@ -444,7 +445,7 @@ def health(
     run: str = typer.Argument(..., help="Run directory of `searchrl train`, finished or still training (reads its metrics.jsonl)."),
     as_json: bool = typer.Option(False, "--json", help="Print the alarms as one JSON object."),
 ) -> None:
-    """Replay the health monitors over a run's metrics: print the alarms with their steps; exit 1 if any fired, 0 if healthy."""
+    """Replay the health monitors over a run's metrics: print the alarms with their steps; exit 1 if any fired, 0 if healthy, 2 if the run cannot be judged."""
     from pathlib import Path
 
     from searchrl.rl.health import health_command

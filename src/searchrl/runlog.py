@@ -1,6 +1,11 @@
 """Per-step metrics of a run: one JSON object per line in `metrics.jsonl` (written by the trainer,
 read by plots, comparisons and the demo), mirrored to TensorBoard under `tb/` when `tensorboard`
-is installed, and a one-line summary on stderr."""
+is installed, and a one-line summary on stderr.
+
+Readers take only records of the file's schema (`SCHEMAS`): a line that is not an object, lacks
+a field or holds one of the wrong type (a step record holds numbers and nulls only) is skipped,
+and one warning line names the skipped lines; a last line torn by a crash is skipped with a note.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +15,27 @@ import sys
 from pathlib import Path
 
 from searchrl.data.textio import iter_json_lines
+from searchrl.display import visible
 
 METRICS_FILE = "metrics.jsonl"
 # What the health monitors write beside it (`searchrl.rl.health`, `searchrl.rl.rollback`).
 ALARMS_FILE = "alarms.jsonl"
 ROLLBACKS_FILE = "rollbacks.jsonl"
 ROLLED_BACK_FILE = "metrics.rolled_back.jsonl"  # the step records a rollback abandoned
+
+NUMBER = (int, float)
+Schema = dict[str, type | tuple[type, ...]]
+# The fields every reader of a file needs, with their types (a reader may ask for more); step
+# records (metrics, rolled back) hold only numbers and nulls besides.
+SCHEMAS: dict[str, Schema] = {
+    METRICS_FILE: {"stage": int, "step": int},
+    ROLLED_BACK_FILE: {"stage": int, "step": int, "rollback": int},
+    ALARMS_FILE: {"step": int},
+    ROLLBACKS_FILE: {"rollback": int, "step": int},
+}
+_STEP_FILES = (METRICS_FILE, ROLLED_BACK_FILE)
+_KIND_NAMES = {int: "an integer", str: "a string", NUMBER: "a number"}
+_JSON_NAMES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
 
 # The one-line console summary: (metrics key, label, format).
 _SUMMARY = (
@@ -33,17 +53,48 @@ _SUMMARY = (
 
 def read_metrics(run_dir: Path) -> list[dict]:
     """The step records; a last line torn by a crash mid-write is skipped with a note on stderr
-    (resuming the run trims it for good)."""
-    path = Path(run_dir) / METRICS_FILE
+    (resuming the run trims it for good), other odd lines with a warning."""
+    return read_events(run_dir, METRICS_FILE)
+
+
+def read_events(run_dir: Path, name: str, fields: Schema | None = None) -> list[dict]:
+    """The records of one of a run's jsonl files (`METRICS_FILE`, `ALARMS_FILE`, ...) that hold
+    its schema (`SCHEMAS`) and `fields`; none when the file is absent."""
+    path = Path(run_dir) / name
     if not path.is_file():
         return []
-    return [rec for _, rec in iter_json_lines(path, on_torn_tail=_note)]
+    kept, skipped = [], []
+    for lineno, rec in iter_json_lines(path, on_torn_tail=_note):
+        problem = _problem(rec, {**SCHEMAS[name], **(fields or {})}, numbers_only=name in _STEP_FILES)
+        if problem:
+            skipped.append(f"line {lineno} ({problem})")
+        else:
+            kept.append(rec)
+    if skipped:
+        more = f" and {len(skipped) - 3} more" if len(skipped) > 3 else ""
+        print(f"warning: {path}: skipped {len(skipped)} line(s) that are not records of this file: "
+              f"{'; '.join(skipped[:3])}{more}", file=sys.stderr)
+    return kept
 
 
-def read_events(run_dir: Path, name: str) -> list[dict]:
-    """The records of one of a run's other jsonl files (`ALARMS_FILE`, ...); none when absent."""
-    path = Path(run_dir) / name
-    return [rec for _, rec in iter_json_lines(path, on_torn_tail=_note)] if path.is_file() else []
+def _is(value, kind) -> bool:
+    return isinstance(value, kind) and not isinstance(value, bool)
+
+
+def _problem(rec, schema: dict, numbers_only: bool) -> str:
+    """What keeps `rec` from being a record of `schema`; '' when nothing does."""
+    if not isinstance(rec, dict):
+        return f"a JSON {_JSON_NAMES.get(type(rec), 'value')}, not an object"
+    for key, kind in schema.items():
+        if key not in rec:
+            return f"no `{key}`"
+        if not _is(rec[key], kind):
+            return f"`{key}` is {json.dumps(rec[key])[:40]}, not {_KIND_NAMES[kind]}"
+    if numbers_only:
+        for key, value in rec.items():
+            if value is not None and not _is(value, NUMBER):
+                return f"`{visible(str(key), keep_newlines=False)[:40]}` is {json.dumps(value)[:40]}, not a number"
+    return ""
 
 
 def _note(message: str) -> None:

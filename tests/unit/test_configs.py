@@ -35,7 +35,7 @@ def captured(monkeypatch):
     """The config each command would run with; nothing is loaded or generated."""
     seen = []
 
-    def fake_eval(cfg, progress=True, resume=False):
+    def fake_eval(cfg, progress=True, resume=False, overwrite=False):
         seen.append(cfg)
         return {}
 

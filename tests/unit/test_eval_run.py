@@ -287,7 +287,8 @@ RECORD_KEYS = {"question_id", "question", "segments", "queries", "retrieved_ids"
 def test_cli_tiny_random_writes_four_files(world, tmp_path, method):
     out = tmp_path / method
     printed = _cli_run(world, out, method, "--dump-tokens")
-    assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "metrics.json", "metrics.md", "predictions.jsonl"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "metrics.json", "metrics.md", "predictions.jsonl", "run.lock"]
+    assert (out / "run.lock").read_text() == ""  # released
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics == printed and METRIC_KEYS <= set(metrics)
     assert (metrics["n"], metrics["model"], metrics["method"]) == (3, "tiny-random", method)
@@ -507,7 +508,7 @@ def test_interrupted_eval_resumes_without_redoing_finished_questions(world, tmp_
     assert set(asked) == {QUESTIONS[2].question}
     assert _stable(out / "predictions.jsonl") == _stable(tmp_path / "ref" / "agent" / "predictions.jsonl")
     assert {**metrics, "seconds": 0, "retrieval_s": 0} == {**reference, "seconds": 0, "retrieval_s": 0}
-    assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "metrics.json", "metrics.md", "predictions.jsonl"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "metrics.json", "metrics.md", "predictions.jsonl", "run.lock"]
 
 
 def test_torn_last_line_is_dropped_and_its_batch_run_again(world, tmp_path, tokenizer):
@@ -561,3 +562,115 @@ def test_agent_eval_without_a_server_fails_before_loading_the_model(world, tmp_p
     assert result.exit_code != 0 and isinstance(result.exception, RetrievalUnavailable), (result.output, result.exception)
     assert f"no retrieval server answers at {url}/search" in str(result.exception)
     assert "searchrl serve" in str(result.exception)
+
+
+# -------------------------------------------------------------------------------- the output folder
+
+
+def _fake_model(monkeypatch, tokenizer, policy=agent_policy):
+    """`eval run` through the CLI with the scripted agent standing in for the model it loads."""
+    import searchrl.rollout.backend
+
+    monkeypatch.setattr(searchrl.rollout.backend, "make_backend", lambda *a, **k: ScriptedBackend(tokenizer, policy))
+
+
+def _agent_args(world, out, *extra):
+    index, questions = world
+    return ["eval", "run", "--method", "agent", "--model", "tiny-random", "--dataset", str(questions), "--index", str(index),
+            "--tags", "search-r1", "-k", "2", "--batch-size", "1", "--out", str(out), "--json", *extra]
+
+
+def test_a_second_eval_on_a_folder_in_use_is_refused_and_the_first_finishes_intact(world, tmp_path, tokenizer):
+    reference = tmp_path / "ref" / "agent"
+    run_eval(_batches_of(_cfg(world, tmp_path / "ref", "agent"), 1), progress=False, backend=ScriptedBackend(tokenizer, agent_policy))
+    cfg = _batches_of(_cfg(world, tmp_path, "agent"), 1)
+    at_q2, go_on = threading.Event(), threading.Event()
+
+    def waits_at_q2(text):
+        if _question_of(text).startswith("Who"):
+            at_q2.set()
+            assert go_on.wait(30)
+        return agent_policy(text)
+
+    failed = []
+    first = threading.Thread(target=lambda: _record_failure(failed, run_eval, cfg, progress=False,
+                                                            backend=ScriptedBackend(tokenizer, waits_at_q2)))
+    first.start()
+    try:
+        assert at_q2.wait(30)  # the first run holds the folder, q1 written
+        for again in ({}, {"overwrite": True}, {"resume": True}):
+            with pytest.raises(SearchRLError, match=r"agent is in use by another searchrl process \(PID \d+ on host"):
+                run_eval(cfg, progress=False, backend=ScriptedBackend(tokenizer, lambda text: pytest.fail("generated")), **again)
+        assert [r["id"] for r in _lines(tmp_path / "agent" / "predictions.jsonl")] == ["q1"]
+    finally:
+        go_on.set()
+        first.join(30)
+    assert not failed, failed
+    assert _stable(tmp_path / "agent" / "predictions.jsonl") == _stable(reference / "predictions.jsonl")
+
+
+def _record_failure(failed, fn, *args, **kw):
+    try:
+        fn(*args, **kw)
+    except BaseException as exc:  # noqa: BLE001  (reported by the test's assertion)
+        failed.append(exc)
+
+
+def test_an_eval_over_a_finished_run_is_refused_without_resume_or_overwrite(world, tmp_path, tokenizer, monkeypatch):
+    from searchrl.retrieval.server import free_port
+
+    out = tmp_path / "o"
+    _fake_model(monkeypatch, tokenizer)
+    assert runner.invoke(app, _agent_args(world, out)).exit_code == 0
+    before = {name: (out / name).read_text() for name in ("predictions.jsonl", "metrics.json", "config.yaml")}
+    _fake_model(monkeypatch, tokenizer, lambda text: pytest.fail("the model generated"))
+    result = runner.invoke(app, _agent_args(world, out, "--limit", "1"))
+    assert result.exit_code != 0 and isinstance(result.exception, SearchRLError)
+    message = str(result.exception)
+    assert f"{out} already holds an evaluation" in message and f"--resume {out}" in message and "--overwrite" in message
+    # --overwrite with a dead server: the check fails before anything of the old run is touched.
+    index_args = _agent_args(world, out, "--overwrite", "--limit", "1")
+    index_args[index_args.index("--index"):index_args.index("--index") + 2] = ["--retriever-url", f"http://127.0.0.1:{free_port()}"]
+    result = runner.invoke(app, index_args)
+    assert isinstance(result.exception, RetrievalUnavailable), (result.output, result.exception)
+    assert {name: (out / name).read_text() for name in before} == before
+    result = runner.invoke(app, _agent_args(world, out, "--overwrite", "--resume", str(out)))
+    assert "give one of them" in str(result.exception)
+    # --overwrite starts over: one question now.
+    _fake_model(monkeypatch, tokenizer)
+    result = runner.invoke(app, _agent_args(world, out, "--overwrite", "--limit", "1"))
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert [r["id"] for r in _lines(out / "predictions.jsonl")] == ["q1"]
+    assert json.loads((out / "metrics.json").read_text())["n"] == 1
+
+
+def test_an_existing_file_for_out_is_refused_before_the_model_loads(world, tmp_path, monkeypatch):
+    import searchrl.rollout.backend
+
+    monkeypatch.setattr(searchrl.rollout.backend, "make_backend", lambda *a, **k: pytest.fail("the model was loaded"))
+    target = tmp_path / "results.txt"
+    target.write_text("keep me\n")
+    result = runner.invoke(app, _agent_args(world, target))
+    assert isinstance(result.exception, SearchRLError), (result.output, result.exception)
+    assert str(result.exception) == (f"--out {target} is a file; give a folder "
+                                     "(eval run writes predictions.jsonl, metrics.json and config.yaml into it)")
+    assert target.read_text() == "keep me\n"
+
+
+def test_ctrl_c_says_how_to_resume_and_resuming_finishes_the_run(world, tmp_path, tokenizer, monkeypatch):
+    out = tmp_path / "o"
+
+    def stopped_at_q3(text):
+        if _question_of(text).startswith("When"):
+            raise KeyboardInterrupt
+        return agent_policy(text)
+
+    _fake_model(monkeypatch, tokenizer, stopped_at_q3)
+    result = runner.invoke(app, _agent_args(world, out))
+    assert result.exit_code == 130, (result.output, result.exception)
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"interrupted: 2 answer(s) are saved in {out}; continue with: searchrl eval run --resume {out}")
+    _fake_model(monkeypatch, tokenizer)
+    result = runner.invoke(app, ["eval", "run", "--resume", str(out), "--json"])
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert [r["id"] for r in _lines(out / "predictions.jsonl")] == ["q1", "q2", "q3"]

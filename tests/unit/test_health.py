@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from typer.testing import CliRunner
 
 from searchrl.cli import app
 from searchrl.config import load_config
+from searchrl.errors import EXIT_FINDING, EXIT_USAGE
 from searchrl.rl import trainer
 from searchrl.rl.checkpoint import latest_checkpoint
 from searchrl.rl.config import TrainConfig
@@ -183,6 +185,58 @@ def test_cli_exit_codes_json_and_torn_last_line(tmp_path):
 
     result = CliRunner().invoke(app, ["health", str(tmp_path / "nowhere")])
     assert result.exit_code != 0
+
+
+def test_odd_metrics_lines_are_skipped_with_one_warning_and_the_rest_judged(tmp_path):
+    records = _series("search_rate", [1.0] * 20 + [0.0] * 3)
+    lines = [json.dumps(r) for r in records]
+    lines[2:2] = ["[1, 2]", '{"stage": 1, "step": 3, "search_rate": "high"}', '{"step": 3, "search_rate": 1.0}',
+                  '{"stage": "one", "step": 3}', '{"stage": 1, "step": 3, "reward": true}']
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("\n".join(lines) + '\n{"stage": 1, "st')
+    (run / "rollbacks.jsonl").write_text('{"rollback": 1, "step": 4}\n')  # the table needs more of it
+    result = CliRunner().invoke(app, ["health", str(run), "--json"])
+    assert result.exit_code == EXIT_FINDING, (result.output, result.exception)
+    out = json.loads(result.stdout.splitlines()[-1])
+    assert out["steps"] == 23 and [(a["monitor"], a["step"]) for a in out["alarms"]] == [("search_collapse", 21)]
+    assert out["rollbacks"] == []
+    warning = next(line for line in result.stderr.splitlines() if "metrics.jsonl: skipped" in line)
+    assert warning == (
+        f"warning: {run / 'metrics.jsonl'}: skipped 5 line(s) that are not records of this file: line 3 (a JSON array, not "
+        'an object); line 4 (`search_rate` is "high", not a number); line 5 (no `stage`) and 2 more'
+    )
+    assert "rollbacks.jsonl: skipped 1 line(s) that are not records of this file: line 1 (no `monitor`)" in result.stderr
+    assert "metrics.jsonl:29: the last line is cut off" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("metrics", "config", "message"),
+    [
+        ('{"stage": 1, "st', None, "holds no complete step record, so there is nothing to judge"),
+        ("", None, "holds no complete step record, so there is nothing to judge"),
+        ('{"stage": 1, "step": 1}\n', "health:\n  step_time: {window: many}\n",
+         "has an invalid `health` section (health.step_time.window: Input should be a valid integer"),
+        ('{"stage": 1, "step": 1}\n', "health: [unclosed\n", "is not valid YAML"),
+        ('{"stage": 1, "step": 1}\n{not json}\n{"stage": 1, "step": 2}\n', None, "metrics.jsonl:2: invalid JSON"),
+    ],
+)
+def test_a_run_with_nothing_to_judge_or_a_bad_config_exits_2_with_one_line(tmp_path, metrics, config, message):
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(metrics)
+    if config is not None:
+        (run / "config.yaml").write_text(config)
+    done = subprocess.run([sys.executable, "-m", "searchrl", "health", str(run)], capture_output=True, text=True,
+                          timeout=120, check=False,  # wide: rich wraps a long message at the terminal's width
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src"), "COLUMNS": "1000"})
+    assert done.returncode == EXIT_USAGE, (done.stdout, done.stderr)
+    errors = [line for line in done.stderr.splitlines() if not line.startswith(("note:", "warning:"))]
+    assert len(errors) == 1 and errors[0].startswith("error: ") and message in errors[0], done.stderr
+    assert "Traceback" not in done.stderr and "healthy" not in done.stdout
 
 
 def test_trainer_warns_then_stops_with_a_checkpoint(world, tmp_path, varied_rewards):

@@ -39,6 +39,11 @@ def test_plot_cli_and_errors(tmp_path):
     assert (tmp_path / "figs" / "reward.png").is_file()
     with pytest.raises(SearchRLError, match="metrics.jsonl"):
         plot_run(tmp_path / "nothing-here")
+    torn = tmp_path / "torn"
+    torn.mkdir()
+    (torn / "metrics.jsonl").write_text('{"stage": 1, "st')  # killed while writing its first step
+    with pytest.raises(SearchRLError, match="metrics.jsonl is missing or holds no complete step record"):
+        plot_run(torn)
 
 
 def test_smooth_is_a_trailing_mean():
@@ -75,3 +80,17 @@ def test_alarms_and_rolled_back_steps_are_marked(tmp_path, monkeypatch):
     assert drawn.count(("vline", 7, "tab:red")) == per_figure
     assert drawn.count(("plot", ((5, 6), (0.0, 0.0)), "gray")) == 2  # searches: its own PNG and the grid
     assert drawn.count(("plot", (6, 0.0), "tab:red")) == 2  # the cross where the alarm rolled it back
+
+
+def test_odd_lines_are_skipped_with_one_warning_and_odd_numbers_still_plot(tmp_path):
+    run = _run(tmp_path)
+    with (run / "metrics.jsonl").open("a") as fh:
+        fh.write('"step 9"\n{"stage": 2, "reward": 1.0}\n{"stage": 2, "step": 9, "reward": "high"}\n')
+        fh.write('{"stage": 2, "step": 10, "reward": NaN, "searches": Infinity, "response_tokens": 1e999}\n')
+    (run / "alarms.jsonl").write_text('{"monitor": "x", "step": null}\n')
+    result = CliRunner().invoke(app, ["plot", str(run)])
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert (f"warning: {run / 'metrics.jsonl'}: skipped 3 line(s) that are not records of this file: line 9 (a JSON string, "
+            'not an object); line 10 (no `step`); line 11 (`reward` is "high", not a number)') in result.stderr
+    assert "alarms.jsonl: skipped 1 line(s) that are not records of this file: line 1 (`step` is null, not an integer)" in result.stderr
+    assert (run / "plots" / "training_curves.png").stat().st_size > 5000

@@ -48,7 +48,7 @@ def _python(code: str) -> subprocess.Popen:
 def test_a_second_trainer_on_a_run_dir_fails_fast_naming_the_owner(world, tmp_path):
     run = trainer.train(_cfg(world, tmp_path / "run", "stage1.steps=1", "stage2.enabled=false"))
     before = (run / "metrics.jsonl").read_text()
-    owner = f"in use by another training process (PID {os.getpid()} on host"
+    owner = f"in use by another searchrl process (PID {os.getpid()} on host"
     with rundir.RunLock(run):  # this process is now the first trainer, still running
         start = time.monotonic()
         second = subprocess.run(

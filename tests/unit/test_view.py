@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -14,7 +15,7 @@ from typer.testing import CliRunner
 
 from searchrl.cli import app
 from searchrl.data.trajectory import Segment, Trajectory
-from searchrl.errors import DataError
+from searchrl.errors import DataError, DataWarning
 from searchrl.eval.view import ENV_LABEL, load_items, write_view
 
 DOCS = (
@@ -259,3 +260,59 @@ def test_chromium_renders_escapes_and_filters(page, tmp_path):
     _run_chromium(tmp_path, "--window-size=1000,800", f"--screenshot={shot}", url)
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+
+
+# ----------------------------------------------------------------------------------------------
+# Files being written, odd numbers
+
+
+def test_a_torn_last_line_is_skipped_with_a_warning(tmp_path):
+    """What a running or killed `eval run` leaves: two whole records and half of the third."""
+    path = tmp_path / "predictions.jsonl"
+    whole = "".join(json.dumps(r) + "\n" for r in _records())
+    path.write_text(whole[: len(whole) - 30], encoding="utf-8")
+    with pytest.warns(DataWarning) as caught:
+        page = write_view(path)
+    assert [str(w.message) for w in caught] == [
+        f"{path}:3: the last line is cut off (no line ending, not valid JSON); skipped it"
+    ]
+    assert page.read_text(encoding="utf-8").count('<article class="card"') == 2
+    path.write_text(whole[:30], encoding="utf-8")  # not one whole record
+    with pytest.warns(DataWarning), pytest.raises(DataError, match="holds no trajectories"):
+        write_view(path)
+
+
+def test_bad_numbers_are_shown_as_written_left_out_of_means_and_warned_once_per_field(tmp_path):
+    t1, t2, t3 = _records()
+    t2["n_searches"] = "many"
+    t3.update(n_searches=1e999, scores={"em": float("nan"), "f1": 0.5, "acc_l": None})
+    extra = {**t3, "question_id": "q4", "n_searches": "2", "scores": {"em": 0.0}}
+    path = tmp_path / "predictions.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in (t1, t2, t3, extra)), encoding="utf-8")
+    with pytest.warns(DataWarning) as caught:
+        page = write_view(path)
+    assert [str(w.message) for w in caught] == [
+        f"{path}: `n_searches` is not a valid number on line(s) 2, 3 (e.g. \"many\"); shown as written and left out of the means",
+        f"{path}: `scores.em` is not a valid number on line(s) 3 (e.g. NaN); shown as written and left out of the means",
+    ]
+    with pytest.warns(DataWarning):
+        items = load_items(path)
+    assert [it.n_searches for it in items] == [1, None, None, 2]  # "2" is a count
+    assert items[2].bad == {"n_searches": float("inf"), "scores.em": items[2].bad["scores.em"]}
+    assert math.isnan(items[2].bad["scores.em"]) and "acc_l" not in items[2].scores
+    text = page.read_text(encoding="utf-8")
+    assert "searches: &quot;many&quot; (not a count)" in text and "searches: Infinity (not a count)" in text
+    assert "scores.em NaN · n_searches Infinity" in text
+    assert 'data-searches="na"' in text
+    # EM is computed from gold for line 3 (its NaN left out): 1, 0, 0, 0 -> 0.25; searches (1 + 2) / 2.
+    table = re.search(r'<table class="metrics">.*?</table>', text).group(0)
+    assert "<td>4</td><td>0.25</td>" in table and "<td>1.5</td>" in table and "nonfinite" not in table
+
+
+def test_nan_or_infinite_metrics_are_flagged(tmp_path):
+    preds = _write(tmp_path / "predictions.jsonl", _records())
+    (tmp_path / "metrics.json").write_text('{"em": NaN, "f1": Infinity, "n": 3}')
+    with pytest.warns(DataWarning, match=r"metrics\.json.*: 'em', 'f1' is NaN or infinite \(flagged on the page\)"):
+        page = write_view(preds)
+    text = page.read_text(encoding="utf-8")
+    assert '<td class="nonfinite">nan (not finite)</td><td class="nonfinite">inf (not finite)</td><td>3</td>' in text

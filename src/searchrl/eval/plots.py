@@ -81,7 +81,9 @@ def plot_run(run_dir: Path, out: Path | None = None, window: int | None = None) 
     run_dir = Path(run_dir)
     records = read_metrics(run_dir)
     if not records:
-        raise SearchRLError(f"{run_dir / 'metrics.jsonl'} is missing or empty; pass the directory of a `searchrl train` run")
+        raise SearchRLError(
+            f"{run_dir / 'metrics.jsonl'} is missing or holds no complete step record; pass the directory of a `searchrl train` run"
+        )
     out = Path(out) if out is not None else run_dir / "plots"
     out.mkdir(parents=True, exist_ok=True)
     window = window or max(1, len(records) // 10)

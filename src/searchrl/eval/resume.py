@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -39,12 +40,31 @@ def resumed_config(cls: type[C], run_dir: Path, config: str | None, overrides: l
     return cfg
 
 
-def keep_unfinished(out: str | None) -> None:
-    """`eval run` without --resume overwrites a finished run, never an unfinished one."""
-    if out is not None and (Path(out) / PROGRESS).is_file():
+def output_dir(out: str | None) -> Path:
+    """`--out` as a folder to write into; refused when missing or a file, before anything loads."""
+    if out is None:
+        raise SearchRLError("no output folder: give --out DIR")
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise SearchRLError(f"--out {out} is a file; give a folder (eval run writes {PREDICTIONS}, metrics.json and config.yaml into it)")
+    return path
+
+
+def refuse_existing(out: Path) -> None:
+    """A run without --resume starts only in a folder that holds no evaluation (its lock file aside);
+    `--overwrite` is the way to start over in one."""
+    if (out / PROGRESS).is_file():
         raise SearchRLError(
-            f"{out} holds an unfinished evaluation ({PROGRESS}): continue it with --resume {out}, "
-            "or delete the folder (or choose another --out) to start over"
+            f"{out} holds an unfinished evaluation ({PROGRESS}): continue it with `searchrl eval run --resume {out}`, "
+            "start over with --overwrite (its predictions are lost), or choose another --out"
+        )
+    predictions = out / PREDICTIONS
+    found = [name for name in ("config.yaml", "metrics.json") if (out / name).is_file()]
+    found += [PREDICTIONS] if predictions.is_file() and predictions.stat().st_size > 0 else []
+    if found:
+        raise SearchRLError(
+            f"{out} already holds an evaluation ({', '.join(found)}): continue it with `searchrl eval run --resume {out}`, "
+            "start over with --overwrite, or choose another --out"
         )
 
 
@@ -53,6 +73,16 @@ def start_fresh(out: Path) -> None:
     (out / PREDICTIONS).write_text("")
     for name in (PROGRESS, "metrics.json", "metrics.md"):
         (out / name).unlink(missing_ok=True)
+
+
+def interrupted(out: Path) -> str:
+    """The line for a run stopped by Ctrl-C: what is kept, and the command that goes on from there."""
+    if not (out / "config.yaml").is_file():
+        return f"interrupted before anything was written to {out}; run the same command again"
+    predictions = out / PREDICTIONS
+    kept = predictions.read_bytes().count(b"\n") if predictions.is_file() else 0
+    return (f"interrupted: {kept} answer(s) are saved in {out}; continue with: "
+            f"searchrl eval run --resume {shlex.quote(str(out))}")
 
 
 def finished_records(out: Path, questions: Sequence[Question]) -> list[dict]:

@@ -34,7 +34,9 @@ generates exactly what an uninterrupted one would have.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -61,6 +63,7 @@ from searchrl.protocol import Protocol, ProtocolConfig
 from searchrl.retrieval import RetrievalConfig
 from searchrl.retrieval.base import Retriever
 from searchrl.rollout.config import EVAL_ROLLOUT, EvalRollout, RolloutConfig
+from searchrl.runlock import RunLock
 from searchrl.tags import TagSet
 
 METHODS = ("agent", "rag", "direct")
@@ -108,8 +111,8 @@ class EvalConfig(StrictModel):
         False, description="Also write prompt/response token ids, loss mask and log-probs to predictions.jsonl."
     )
     out: str | None = Field(
-        None, description="Output folder (created; a finished run's files are overwritten, an unfinished one is "
-        "continued with `eval run --resume DIR`).",
+        None, description="Output folder (created). One that holds a run is refused: continue it with "
+        "`eval run --resume DIR`, or start over with `--overwrite`.",
     )
 
     @model_validator(mode="after")
@@ -220,59 +223,74 @@ def records(cfg: EvalConfig, questions: Sequence[Question], trajs: Sequence[Traj
     return out
 
 
-def run_eval(cfg: EvalConfig, progress: bool = True, backend=None, resume: bool = False) -> dict:
+def run_eval(cfg: EvalConfig, progress: bool = True, backend=None, resume: bool = False, overwrite: bool = False) -> dict:
     """Run `cfg` into `cfg.out`: predictions appended batch by batch, then metrics.json/.md;
     return the metrics. `resume`: keep the predictions an interrupted run of the same config left
-    there and answer only the rest. `backend` may be given to reuse a loaded model (tests,
-    sweeps); it is built from `cfg.model` otherwise, and only when questions are left."""
+    there and answer only the rest. A folder that holds a run is refused unless `resume` or
+    `overwrite` (start over). `backend` may be given to reuse a loaded model (tests, sweeps); it
+    is built from `cfg.model` otherwise, and only when questions are left.
+
+    The folder is locked while the run writes (`RunLock`), and an earlier run's files are
+    replaced only once the retriever, the judge and the model are up: a mistake loses nothing."""
     from searchrl.data.catalog import load_dataset
 
-    if cfg.out is None:
-        raise SearchRLError("no output folder: give --out DIR")
-    out = Path(cfg.out)
+    out = saved.output_dir(cfg.out)
     questions = load_dataset(cfg.dataset)
     if cfg.limit is not None:
         questions = questions[: cfg.limit]
     if not questions:
         raise SearchRLError(f"dataset {cfg.dataset!r} holds no questions")
-    out.mkdir(parents=True, exist_ok=True)
-    if resume:
-        recs, spent = saved.finished_records(out, questions), saved.spent_so_far(out)
-    else:
-        saved.start_fresh(out)
-        recs, spent = [], {"seconds": 0.0}
-    dump_config(cfg, out / "config.yaml")
-    if len(recs) < len(questions):
-        spent = _answer_the_rest(cfg, questions, recs, spent, backend, progress, fresh=not resume)
-    metrics = summarize(cfg, recs, spent)
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-    (out / "metrics.md").write_text(metrics_markdown(metrics))
-    saved.finish(out)
+    with RunLock(out):
+        if resume:
+            recs, spent = saved.finished_records(out, questions), saved.spent_so_far(out)
+        else:
+            if not overwrite:
+                saved.refuse_existing(out)
+            recs, spent = [], {"seconds": 0.0}
+        if len(recs) < len(questions):
+            with _services(cfg, out, backend, fresh=not resume) as services:
+                if not resume:
+                    saved.start_fresh(out)
+                dump_config(cfg, out / "config.yaml")
+                spent = _answer_the_rest(cfg, questions, recs, spent, *services, progress)
+        metrics = summarize(cfg, recs, spent)
+        (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        (out / "metrics.md").write_text(metrics_markdown(metrics))
+        saved.finish(out)
     return metrics
 
 
-def _answer_the_rest(cfg: EvalConfig, questions: Sequence[Question], recs: list[dict], spent: dict, backend, progress: bool,
-                     fresh: bool) -> dict:
-    """Generate (and judge) the questions after `recs` batch by batch, appending each batch's
-    records to `recs` and to predictions.jsonl; return what all runs so far spent. `fresh`: a new
-    run, whose web search budget starts from zero."""
-    out, size = Path(cfg.out), cfg.rollout.batch_size
-    # The server and the judge are set up before the model loads: a mistake fails in a second, not minutes.
-    retriever = cfg.retrieval.open(run=str(out.resolve()), new_run=fresh) if cfg.method != "direct" else None
-    judge = bar = None
-    try:
-        if retriever is not None:
+@contextlib.contextmanager
+def _services(cfg: EvalConfig, out: Path, backend, fresh: bool):
+    """(retriever, judge, backend) for generating into `out`, each checked as it opens, in the
+    order of how fast they fail: the server and the judge in a second, the model in minutes.
+    `fresh`: a new run, whose web search budget starts from zero."""
+    with contextlib.ExitStack() as stack:
+        retriever = judge = None
+        if cfg.method != "direct":
+            retriever = stack.enter_context(contextlib.closing(cfg.retrieval.open(run=str(out.resolve()), new_run=fresh)))
             retriever.check()
-        judge = cfg.judge.build() if cfg.judge.url is not None else None
-        tally = Spending(spent, judge, retriever)
+        if cfg.judge.url is not None:
+            judge = stack.enter_context(contextlib.closing(cfg.judge.build()))
         if backend is None:
             from searchrl.rollout.backend import make_backend
 
             backend = make_backend(cfg.rollout.backend, cfg.model, **cfg.rollout.backend_options())
-        if progress:
-            from tqdm import tqdm
+        yield retriever, judge, backend
 
-            bar = tqdm(total=len(questions), initial=len(recs), desc="questions", unit="q")
+
+def _answer_the_rest(cfg: EvalConfig, questions: Sequence[Question], recs: list[dict], spent: dict, retriever, judge,
+                     backend, progress: bool) -> dict:
+    """Generate (and judge) the questions after `recs` batch by batch, appending each batch's
+    records to `recs` and to predictions.jsonl; return what all runs so far spent."""
+    out, size = Path(cfg.out), cfg.rollout.batch_size
+    tally = Spending(spent, judge, retriever)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(questions), initial=len(recs), desc="questions", unit="q")
+    try:
         # A batch partly written before a stop runs whole again: the same batch, the same tokens.
         for start in range(len(recs) // size * size, len(questions), size):
             batch = questions[start : start + size]
@@ -289,24 +307,31 @@ def _answer_the_rest(cfg: EvalConfig, questions: Sequence[Question], recs: list[
             if bar is not None:
                 bar.update(len(new))
     finally:
-        for service in (bar, judge, retriever):
-            if service is not None:
-                service.close()
+        if bar is not None:
+            bar.close()
     return spent
 
 
-def eval_command(config: str | None, overrides: Sequence[str], flags: dict, as_json: bool = False, resume: str | None = None) -> dict:
+def eval_command(config: str | None, overrides: Sequence[str], flags: dict, as_json: bool = False, resume: str | None = None,
+                 overwrite: bool = False) -> dict:
     """`searchrl eval run`: YAML file, then `--set` overrides, then the explicit flags win; `flags`
     are keyed by their config keys (`rollout.k`). `resume`: the folder of an interrupted run,
-    whose config.yaml is the YAML file unless one is given; the result must equal that config."""
+    whose config.yaml is the YAML file unless one is given; the result must equal that config.
+    `overwrite`: start over in a folder that holds a run. Ctrl-C exits 130 with the command that
+    continues the run."""
     from searchrl.config import flag_overrides, load_config
 
+    if resume is not None and overwrite:
+        raise SearchRLError("--resume continues a run and --overwrite starts it over: give one of them")
     if resume is None:
         cfg = load_config(EvalConfig, config, list(overrides) + flag_overrides(flags))
-        saved.keep_unfinished(cfg.out)
     else:
         cfg = saved.resumed_config(EvalConfig, Path(resume), config, list(overrides), flags)
-    metrics = run_eval(cfg, progress=not as_json, resume=resume is not None)
+    try:
+        metrics = run_eval(cfg, progress=not as_json, resume=resume is not None, overwrite=overwrite)
+    except KeyboardInterrupt:
+        print(f"\n{saved.interrupted(Path(cfg.out))}", file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
     if as_json:
         print(json.dumps(metrics))
         return metrics
@@ -315,5 +340,5 @@ def eval_command(config: str | None, overrides: Sequence[str], flags: dict, as_j
 
     console = Console()
     console.print(Markdown(metrics_markdown(metrics)))
-    console.print(f"wrote predictions.jsonl, metrics.json, metrics.md, config.yaml to {cfg.out}", highlight=False)
+    console.print(f"wrote predictions.jsonl, metrics.json, metrics.md, config.yaml to {cfg.out}", highlight=False, markup=False)
     return metrics

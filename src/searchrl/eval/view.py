@@ -7,20 +7,27 @@ too; their documents blocks are shown as inserted by the environment.
 
 Model output is untrusted text: every string goes through `html.escape` and the page's only markup
 is built here, so a trajectory that writes `<script>` shows it and never runs it.
+
+A file that a running (or killed) `eval run` is writing ends in a torn line: the page shows the
+whole records and a warning says the tail was skipped. A numeric field that is not a number
+(`n_searches: "many"`, a NaN score) is shown as written, left out of the means and named in one
+warning per field; a NaN or infinite metric is flagged on the page and in a warning.
 """
 
 from __future__ import annotations
 
 import html
 import json
+import math
 import re
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from searchrl.data.textio import iter_json_lines, json_error, read_text
 from searchrl.data.trajectory import Segment
-from searchrl.errors import DataError
+from searchrl.errors import DataError, DataWarning, listing
 from searchrl.eval.view_assets import CSS, JS
 from searchrl.metrics import answer_scores
 from searchrl.tags import TAG_PRESETS, get_tags, segments_from_text
@@ -41,12 +48,13 @@ class ViewItem:
     method: str | None = None
     queries: list[str] = field(default_factory=list)
     retrieved_ids: list[list[str]] = field(default_factory=list)
-    n_searches: int = 0
+    n_searches: int | None = 0  # None: the record's value is not a count (see `bad`)
     stop_reason: str | None = None
     scores: dict[str, float] = field(default_factory=dict)
     reward: dict | None = None
     format_ok: bool | None = None
     format_failed: list[str] = field(default_factory=list)
+    bad: dict[str, object] = field(default_factory=dict)  # field -> value as written, when not a valid number
 
     @property
     def correct(self) -> bool | None:
@@ -99,6 +107,19 @@ def _str_list(value, name: str, where: str) -> list[str]:
     return [str(v) for v in value]
 
 
+def _count(value) -> int | None:
+    """A search count: a whole number >= 0 (3, 3.0, "3"); None for anything else."""
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return int(value) if float(value).is_integer() and value >= 0 else None
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _item(rec: dict, line: int, where: str) -> ViewItem:
     answers = _str_list(rec.get("answers", rec.get("golden_answers")), "answers", where)
     prediction = rec.get("prediction", rec.get("answer"))
@@ -110,10 +131,16 @@ def _item(rec: dict, line: int, where: str) -> ViewItem:
     # Gold answers give all four metrics for every record, so page means share one denominator;
     # scores the record carries win (they may come from a judge or another normalisation).
     scores = answer_scores(prediction, answers) if answers else {}
-    if isinstance(rec.get("scores"), dict):
-        scores.update(
-            {k: float(v) for k, v in rec["scores"].items() if isinstance(v, (int, float))}
-        )
+    bad: dict[str, object] = {}
+    for k, v in (rec["scores"] if isinstance(rec.get("scores"), dict) else {}).items():
+        if _finite(v):
+            scores[k] = float(v)
+        elif v is not None:  # null: not scored
+            bad[f"scores.{k}"] = v
+    n_searches = rec.get("n_searches")
+    n_searches = len(queries) if n_searches is None else _count(n_searches)
+    if n_searches is None:
+        bad["n_searches"] = rec["n_searches"]
     failed = rec.get("format_failed") or []
     return ViewItem(
         line=line,
@@ -125,12 +152,13 @@ def _item(rec: dict, line: int, where: str) -> ViewItem:
         method=None if rec.get("method") is None else str(rec["method"]),
         queries=queries,
         retrieved_ids=[[str(i) for i in r] for r in retrieved],
-        n_searches=int(rec.get("n_searches", len(queries)) or 0),
+        n_searches=n_searches,
         stop_reason=None if rec.get("stop_reason") is None else str(rec["stop_reason"]),
         scores=scores,
         reward=rec.get("reward") if isinstance(rec.get("reward"), dict) else None,
         format_ok=rec.get("format_ok") if isinstance(rec.get("format_ok"), bool) else None,
         format_failed=[str(f) for f in failed] if isinstance(failed, list) else [str(failed)],
+        bad=bad,
     )
 
 
@@ -138,25 +166,52 @@ def _item(rec: dict, line: int, where: str) -> ViewItem:
 _OUTPUT_KEYS = ("prediction", "segments", "response", "gen_text_store")
 
 
+def _warn(message: str) -> None:
+    warnings.warn(message, DataWarning, stacklevel=2)
+
+
+def _records(path: Path):
+    """(line number, value) of each whole line; a torn last line is skipped with a warning."""
+    return iter_json_lines(path, on_torn_tail=_warn)
+
+
 def load_items(path: Path) -> list[ViewItem]:
-    """Every record of a predictions / trajectories JSONL file; DataError names file:line."""
+    """Every record of a predictions / trajectories JSONL file; DataError names file:line. Bad
+    numeric fields get one warning per field, naming its lines."""
     if not path.exists():
         raise DataError(f"{path} does not exist; pass the predictions.jsonl of `searchrl eval run`")
     items, has_output = [], False
-    for line_no, rec in iter_json_lines(path):
+    for line_no, rec in _records(path):
         where = f"{path}:{line_no}"
         if not isinstance(rec, dict):
             raise DataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
         has_output = has_output or any(key in rec for key in _OUTPUT_KEYS)
         items.append(_item(rec, line_no, where))
     if not items:
-        raise DataError(f"{path} holds no trajectories (the file is empty)")
+        raise DataError(f"{path} holds no trajectories (no whole record)")
+    _warn_bad_fields(path, items)
     if not has_output:
         raise DataError(
             f"{path} holds no predictions: no record has any of {', '.join(_OUTPUT_KEYS)} "
             "(a question file or corpus?); pass the predictions.jsonl of `searchrl eval run`"
         )
     return items
+
+
+def _warn_bad_fields(path: Path, items: Sequence[ViewItem]) -> None:
+    lines: dict[str, list[int]] = {}
+    for it in items:
+        for name in it.bad:
+            lines.setdefault(name, []).append(it.line)
+    for name, where in lines.items():
+        example = next(_raw(it.bad[name]) for it in items if name in it.bad)
+        _warn(f"{path}: `{name}` is not a valid number on line(s) {listing(where)} (e.g. {example}); "
+              "shown as written and left out of the means")
+
+
+def _raw(value: object) -> str:
+    """A value as its JSON text (NaN, Infinity, "many")."""
+    return json.dumps(value, ensure_ascii=False)[:80]
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, object]:
@@ -192,7 +247,9 @@ def computed_metrics(items: Sequence[ViewItem]) -> dict[str, object]:
     for name in names:
         values = [it.scores[name] for it in graded if name in it.scores]
         out[name] = sum(values) / len(values)
-    out["n_searches_mean"] = sum(it.n_searches for it in items) / len(items)
+    counts = [it.n_searches for it in items if it.n_searches is not None]
+    if counts:
+        out["n_searches_mean"] = sum(counts) / len(counts)
     fmt = [it.format_ok for it in items if it.format_ok is not None]
     if fmt:
         out["format_ok_rate"] = sum(fmt) / len(fmt)
@@ -305,9 +362,12 @@ def render_card(item: ViewItem, index: int) -> str:
     """One `<article class="card">`; data-correct is 1/0/na and data-searches a count, for the JS."""
     correct = "na" if item.correct is None else str(int(item.correct))
     pills = [f'<span class="pill">{_e(item.method)}</span>'] if item.method else []
-    pills.append(
-        f'<span class="pill">{item.n_searches} search{"es" if item.n_searches != 1 else ""}</span>'
-    )
+    if item.n_searches is None:
+        pills.append(f'<span class="pill fmt-bad">searches: {_e(_raw(item.bad["n_searches"]))} (not a count)</span>')
+    else:
+        pills.append(
+            f'<span class="pill">{item.n_searches} search{"es" if item.n_searches != 1 else ""}</span>'
+        )
     if item.stop_reason:
         pills.append(f'<span class="pill">stop: {_e(item.stop_reason)}</span>')
     if item.format_ok is not None:
@@ -322,6 +382,8 @@ def render_card(item: ViewItem, index: int) -> str:
         facts.append(
             ("reward", " · ".join(f"{k} {_fmt(v)}" for k, v in _flatten(item.reward).items()))
         )
+    if item.bad:
+        facts.append(("not numbers", " · ".join(f"{k} {_raw(v)}" for k, v in item.bad.items())))
     dl = "".join(
         f"<dt>{name}</dt><dd{' class=prediction' if name == 'prediction' else ''}>{_e(value)}</dd>"
         for name, value in facts
@@ -338,7 +400,7 @@ def render_card(item: ViewItem, index: int) -> str:
         searches = f'<ol class="searches">{"".join(rows)}</ol>'
     return (
         f'<article class="card" id="t{index}" data-correct="{correct}" '
-        f'data-searches="{item.n_searches}">'
+        f'data-searches="{"na" if item.n_searches is None else item.n_searches}">'
         f'<div class="card-head"><span class="idx">#{index}</span>'
         f'<span class="qid">{_e(item.question_id)}</span>{_badge(item)}{"".join(pills)}</div>'
         f'<h2 class="question">{_e(item.question)}</h2><dl class="facts">{dl}</dl>'
@@ -346,9 +408,18 @@ def render_card(item: ViewItem, index: int) -> str:
     )
 
 
+def _nonfinite(metrics: dict[str, object]) -> list[str]:
+    return [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
+
+
 def _metrics_table(metrics: dict[str, object], caption: str) -> str:
+    """The metrics in one row; a NaN or infinite value is flagged, so it cannot pass for a score."""
+    flagged = set(_nonfinite(metrics))
     head = "".join(f"<th>{_e(k)}</th>" for k in metrics)
-    cells = "".join(f"<td>{_e(_fmt(v))}</td>" for v in metrics.values())
+    cells = "".join(
+        f'<td class="nonfinite">{_e(_fmt(v))} (not finite)</td>' if k in flagged else f"<td>{_e(_fmt(v))}</td>"
+        for k, v in metrics.items()
+    )
     return (
         f'<table class="metrics"><caption>{_e(caption)}</caption>'
         f"<tr>{head}</tr><tr>{cells}</tr></table>"
@@ -399,6 +470,9 @@ def write_view(predictions: Path, out: Path | None = None, limit: int | None = N
     else:
         metrics = computed_metrics(items)
         caption = f"computed from the {len(items)} records' scores"
+    if _nonfinite(metrics):
+        _warn(f"{caption}: {listing(_nonfinite(metrics))} is NaN or infinite (flagged on the page); "
+              "a record or the run that wrote it went wrong")
     shown = items[:limit] if limit is not None else items
     page = render_page(shown, predictions.name, metrics, caption, total=len(items))
     out.parent.mkdir(parents=True, exist_ok=True)

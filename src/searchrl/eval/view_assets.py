@@ -19,6 +19,7 @@ table.metrics caption { text-align:left; color:var(--muted); font-size:12px; }
 table.metrics th, table.metrics td { border:1px solid var(--line); padding:2px 8px; }
 table.metrics th { background:var(--bg); font-weight:600; text-align:left; }
 table.metrics td { font-variant-numeric:tabular-nums; text-align:right; }
+table.metrics td.nonfinite { color:var(--bad); font-weight:600; }
 .controls { display:flex; gap:16px; align-items:center; flex-wrap:wrap; }
 .controls input[type=search] { width:320px; padding:4px 8px; border:1px solid var(--line);
   border-radius:4px; }

@@ -26,9 +26,16 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from searchrl.config import StrictModel
-from searchrl.errors import SearchRLError
+from searchrl.errors import EXIT_FINDING, EXIT_OK, SearchRLError
 from searchrl.metrics import normalize_answer
-from searchrl.runlog import ALARMS_FILE
+from searchrl.runlog import (
+    ALARMS_FILE,
+    METRICS_FILE,
+    NUMBER,
+    ROLLBACKS_FILE,
+    read_events,
+    read_metrics,
+)
 
 
 class MonitorConfig(StrictModel):
@@ -326,42 +333,72 @@ def trim_alarms(run_dir: Path, step: int) -> None:
     """Keep the alarms of steps up to `step` (a resumed run replays the rest)."""
     path = Path(run_dir) / ALARMS_FILE
     if path.is_file():
-        keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
-        path.write_text("".join(line + "\n" for line in keep))
+        keep = [a for a in read_events(run_dir, ALARMS_FILE) if a["step"] <= step]
+        path.write_text("".join(json.dumps(a) + "\n" for a in keep))
+
+
+# What the table shows of a rollback (`rl.rollback` writes them).
+ROLLBACK_FIELDS = {"monitor": str, "stage": int, "value": NUMBER, "threshold": NUMBER, "message": str, "to_step": int,
+                   "lr_scale": NUMBER}
+
+
+def run_health_config(run_dir: Path) -> HealthConfig:
+    """The thresholds a run trained with: its config.yaml's `health` section (defaults without)."""
+    import yaml
+    from pydantic import ValidationError
+
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        return HealthConfig()
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8", errors="replace"))
+        return HealthConfig.model_validate((data.get("health") if isinstance(data, dict) else None) or {})
+    except yaml.YAMLError as exc:
+        problem = f"is not valid YAML ({str(exc).splitlines()[0]})"
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        problem = f"has an invalid `health` section (health.{'.'.join(map(str, e['loc']))}: {e['msg']})"
+    raise SearchRLError(f"{path} {problem}; fix it, or move it aside to judge the run with the default thresholds")
 
 
 def health_command(run_dir: Path, as_json: bool) -> int:
     """`searchrl health RUN`: the alarms of a run's metrics.jsonl under the run's own thresholds
-    (its config.yaml's `health` section; the defaults without one); 1 if any fired, else 0."""
-    import yaml
+    (`run_health_config`); `EXIT_FINDING` if any fired, else 0. A run with no complete step
+    record has nothing to judge: a SearchRLError, like any input that cannot be read."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    from searchrl.runlog import METRICS_FILE, ROLLBACKS_FILE, read_events, read_metrics
+    from searchrl.display import visible
 
     if not (Path(run_dir) / METRICS_FILE).is_file():
         raise SearchRLError(f"{run_dir}: no {METRICS_FILE}; give the run directory of `searchrl train`")
-    config = Path(run_dir) / "config.yaml"
-    section = (yaml.safe_load(config.read_text()) or {}).get("health") if config.is_file() else None
+    cfg = run_health_config(run_dir)
     records = read_metrics(run_dir)
-    alarms = scan(records, HealthConfig.model_validate(section or {}))
+    if not records:
+        raise SearchRLError(
+            f"{Path(run_dir) / METRICS_FILE} holds no complete step record, so there is nothing to judge; "
+            "run `searchrl health` again once the run has finished a step"
+        )
+    alarms = scan(records, cfg)
     # The alarms that rolled the run back are not in the kept records any more: listed apart.
-    rollbacks = read_events(run_dir, ROLLBACKS_FILE)
+    rollbacks = read_events(run_dir, ROLLBACKS_FILE, ROLLBACK_FIELDS)
     if as_json:
         print(json.dumps({"run": str(run_dir), "steps": len(records), "healthy": not alarms and not rollbacks,
                           "alarms": [a.to_dict() for a in alarms], "rollbacks": rollbacks}))
     elif not alarms and not rollbacks:
-        Console().print(f"{run_dir}: healthy ({len(records)} steps, {len(MONITORS)} monitors)", highlight=False)
+        Console().print(f"{run_dir}: healthy ({len(records)} steps, {len(MONITORS)} monitors)", highlight=False, markup=False)
     else:
         table = Table("monitor", "stage", "step", "value", "threshold", "action", "message",
-                      title=f"{run_dir}: {len(alarms)} alarm(s), {len(rollbacks)} rollback(s)")
+                      title=Text(f"{run_dir}: {len(alarms)} alarm(s), {len(rollbacks)} rollback(s)"))
         for a in alarms:
             table.add_row(a.monitor, str(a.stage), str(a.step), f"{a.value:.3g}", f"{a.threshold:g}", a.action, a.message)
-        for r in rollbacks:
-            table.add_row(r["monitor"], str(r["stage"]), str(r["step"]), f"{r['value']:.3g}", f"{r['threshold']:g}",
-                          f"rollback {r['rollback']}", f"{r['message']}; back to step {r['to_step']}, lr x{r['lr_scale']:g}")
+        for r in rollbacks:  # read from the run's files: shown as plain text, never as markup
+            table.add_row(*(Text(visible(str(cell))) for cell in (
+                r["monitor"], r["stage"], r["step"], f"{r['value']:.3g}", f"{r['threshold']:g}", f"rollback {r['rollback']}",
+                f"{r['message']}; back to step {r['to_step']}, lr x{r['lr_scale']:g}")))
         Console().print(table)
-    return 1 if alarms or rollbacks else 0
+    return EXIT_FINDING if alarms or rollbacks else EXIT_OK
 
 
 def _message(name: str, value: float, cfg: MonitorConfig) -> str:
