@@ -323,3 +323,9 @@ def test_index_search_shows_passage_text_with_control_characters_escaped(tmp_pat
     assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u202e]", shown.output)
     for text in ("Title\\x1b]8;;http://evil\\x07[bold] (p\\x1b[31m)", "volcano lava\\x1b[2J and more \\u202etext", "'volcano \\x1b[5m lava'"):
         assert text in shown.output
+
+
+def test_open_index_on_a_file_says_it_is_a_file(tmp_path):
+    (tmp_path / "idx").write_text("not a folder")
+    with pytest.raises(SearchRLError, match=r"idx is not an index: a file, not a directory; build one"):
+        open_index(tmp_path / "idx")

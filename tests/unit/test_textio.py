@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from searchrl.cli import app
 from searchrl.data.textio import MAX_DEPTH, iter_json_lines, read_appended_jsonl, read_json, read_lines
-from searchrl.errors import DataError
+from searchrl.errors import DataError, SearchRLError
 
 # Each line suits every command: a question, a prediction, a response and a passage text.
 _LINE = '{"id": "%s", "question": "%s?", "answers": ["%s"], "prediction": "%s", "response": "x", "text": "%s"}\n'
@@ -126,3 +126,26 @@ def test_over_long_json_line_is_refused_without_reading_it_whole(tmp_path, monke
     with pytest.raises(DataError, match=r"long\.jsonl:2: line longer than 100 bytes, the limit for one JSON-lines record"):
         next(lines)
     assert len(list(read_lines(path))) == 2  # plain text lines have no limit
+
+
+@pytest.mark.parametrize(
+    "command, message",
+    [
+        ("data show {dir}", "{dir} is a directory, not a file; pass a file"),
+        ("eval format-check {dir}", "{dir} is a directory, not a file; pass a file"),
+        ("view {dir}", "{dir} is a directory, not a file; pass a file"),
+        ("index build {dir} --out {tmp}/idx", "{dir} is a directory, not a corpus file; pass a file"),
+        ("eval run --config {dir}", "config file {dir} is a directory; give a YAML file"),
+        ("index search {file} q", "{file} is a file, not an index directory"),
+        ("serve --index {file}", "{file} is a file, not an index directory"),
+        ("eval retrieval --dataset toyworld:test --index {file}", "{file} is a file, not an index directory"),
+    ],
+)
+def test_a_directory_for_a_file_and_a_file_for_a_directory_are_named_so(tmp_path, command, message):
+    folder, file = tmp_path / "folder", tmp_path / "index.jsonl"
+    folder.mkdir()
+    file.write_text("{}\n")
+    result = CliRunner().invoke(app, command.format(dir=folder, file=file, tmp=tmp_path).split())
+    assert isinstance(result.exception, SearchRLError), result.output
+    assert str(result.exception).startswith(message.format(dir=folder, file=file))
+    assert "does not exist" not in str(result.exception) and "no such" not in str(result.exception)
