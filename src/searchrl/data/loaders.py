@@ -151,13 +151,16 @@ def _sentences(sents: Any) -> str:
 def _parse_searchrl(row: dict, where: str, index: int, source: str) -> Record:
     _need(row, ("id", "question", "answers"), where, "searchrl")
     for key in ("type", "source"):
-        if not isinstance(row.get(key, ""), str):
+        if not isinstance(row.get(key) or "", str):
             raise DataError(f"{where}: field {key!r} must be a string, got {_json_kind(row[key])}")
-    ids = row.get("supporting_ids", [])
+    ids = row.get("supporting_ids") or []
     if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
         raise DataError(f"{where}: field 'supporting_ids' must be a list of passage id strings")
     q = Question.from_dict({
         **row,
+        "type": row.get("type") or "",
+        "source": row.get("source") or "",
+        "supporting_ids": ids,
         "id": _id(row, ("id",), where, ""),
         "question": _question(row, "question", where, "searchrl"),
         "answers": _answers(row["answers"], where, "searchrl", "answers"),

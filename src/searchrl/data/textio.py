@@ -140,8 +140,8 @@ def read_json(path: Path) -> Any:
     text = "".join(line for _, line in read_lines(path))
     offset = _too_deep(text)
     if offset is not None:
-        line_start = text.rfind("\n", 0, offset) + 1
-        raise _nesting_error(f"{path}:{text.count(chr(10), 0, offset) + 1}", offset - line_start + 1)
+        line = text.count("\n", 0, offset) + 1
+        raise _nesting_error(f"{path}:{line}", offset - text.rfind("\n", 0, offset))
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:

@@ -94,7 +94,7 @@ def _question(value: Any, where: str) -> str | None:
 
 
 def _id(value: Any, where: str) -> str | None:
-    """Ids are strings or integers (R1-Searcher's `idx`-style ids); null when absent."""
+    """Ids are strings or integers (written as strings); None when absent."""
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, int) and not isinstance(value, bool):
