@@ -265,3 +265,18 @@ def test_a_file_given_as_an_index_directory_is_named_as_one(home, tmp_path):
     path.write_text("{}\n")
     with pytest.raises(SearchRLError, match=re.escape(f"{path} is a file, not an index directory")):
         open_retriever(str(path))
+
+
+def test_data_show_of_a_number_question_is_one_error_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from searchrl.cli import app
+    from searchrl.errors import DataError
+
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"id": "q1", "question": 123, "answers": ["a"]}\n')
+    shown = CliRunner().invoke(app, ["data", "show", str(path)])
+    assert isinstance(shown.exception, DataError), shown.output  # was a TypeError traceback
+    assert str(shown.exception) == (
+        f"{path}:1: field 'question' must be a non-empty string, got a number (format 'searchrl'); fix or drop this record"
+    )
