@@ -9,7 +9,13 @@ import pytest
 from typer.testing import CliRunner
 
 from searchrl.cli import app
-from searchrl.data.textio import MAX_DEPTH, iter_json_lines, read_appended_jsonl, read_json, read_lines
+from searchrl.data.textio import (
+    MAX_DEPTH,
+    iter_json_lines,
+    read_appended_jsonl,
+    read_json,
+    read_lines,
+)
 from searchrl.errors import DataError, SearchRLError
 
 # Each line suits every command: a question, a prediction, a response and a passage text.
@@ -115,7 +121,7 @@ def test_whole_file_json_nesting_names_the_line(tmp_path):
 
 
 def test_over_long_json_line_is_refused_without_reading_it_whole(tmp_path, monkeypatch):
-    import searchrl.data.textio as textio
+    from searchrl.data import textio
 
     monkeypatch.setattr(textio, "MAX_LINE_BYTES", 100)
     path = tmp_path / "long.jsonl"
