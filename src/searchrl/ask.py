@@ -21,6 +21,7 @@ from pydantic import Field, field_validator
 from searchrl.config import StrictModel
 from searchrl.data.trajectory import Trajectory
 from searchrl.data.types import Passage, Question
+from searchrl.display import visible
 from searchrl.protocol import ProtocolConfig
 from searchrl.retrieval import RetrievalConfig
 from searchrl.retrieval.base import Retriever
@@ -201,7 +202,8 @@ def ask_command(question: str, config: str | None, flags: dict, as_json: bool = 
 
 
 class _LiveView:
-    """Thinking streams as plain text; queries and answers get panels."""
+    """Thinking streams as plain text; queries and answers get panels. Model output, questions
+    and passage titles are untrusted: shown through `visible`, never read as markup."""
 
     def __init__(self, console, protocol) -> None:
         if console is None:
@@ -214,17 +216,19 @@ class _LiveView:
 
     def header(self, question: str, model: str, retriever: str, sample: bool) -> None:
         from rich.panel import Panel
+        from rich.text import Text
 
         mode = "sampling" if sample else "greedy"
+        subtitle = Text(visible(f"{model} · {retriever} · {mode}", keep_newlines=False))
         self.console.print(
-            Panel(question, title="question", subtitle=f"{model} · {retriever} · {mode}", border_style="blue"),
+            Panel(Text(visible(question)), title="question", subtitle=subtitle, border_style="blue"),
             highlight=False,
         )
 
     def text(self, handle: int, text: str) -> None:
         from rich.text import Text
 
-        self.console.print(Text(text, style="dim"), end="", soft_wrap=True)
+        self.console.print(Text(visible(text), style="dim"), end="", soft_wrap=True)
 
     def search(self, queries: list[str], results: list[list[Passage]]) -> None:
         from rich.panel import Panel
@@ -234,13 +238,13 @@ class _LiveView:
             self.n_search += 1
             self.console.print()
             self.console.print(
-                Panel(Text(query, style="bold yellow"), title=f"search {self.n_search}", border_style="yellow", expand=False)
+                Panel(Text(visible(query), style="bold yellow"), title=f"search {self.n_search}", border_style="yellow", expand=False)
             )
             found = Text()
             for i, p in enumerate(passages, start=1):
                 found.append(f"  {i}. ", style="bold")
-                found.append(p.title)
-                found.append(f"  [{p.id}]\n", style="dim")
+                found.append(visible(p.title, keep_newlines=False))
+                found.append(f"  [{visible(p.id, keep_newlines=False)}]\n", style="dim")
             self.console.print(found if passages else Text("  (no documents found)", style="dim"), end="")
 
     def finish(self, traj: Trajectory, seconds: float, spent: dict | None = None) -> None:
@@ -249,7 +253,7 @@ class _LiveView:
 
         self.console.print()
         if traj.answer is not None:
-            body, style = Text(traj.answer, style="bold green"), "green"
+            body, style = Text(visible(traj.answer), style="bold green"), "green"
         else:
             body, style = Text(f"no answer (stopped: {traj.stop_reason})", style="red"), "red"
         self.console.print(Panel(body, title="answer", border_style=style, expand=False))

@@ -269,7 +269,7 @@ def index_build(
 
 @index_app.command("search")
 def index_search(
-    index_dir: str = typer.Argument(..., help="Index directory written by `searchrl index build`."),
+    index_dir: str = typer.Argument(..., help="Index directory written by `searchrl index build`, or a catalog name (toyworld, localwiki)."),
     query: str = typer.Argument(..., help="The search query."),
     k: int = typer.Option(5, "-k", "--k", min=1, help="How many passages to return."),
     as_json: bool = typer.Option(False, "--json", help="Print the passages as a JSON list instead of a table."),
@@ -278,12 +278,10 @@ def index_search(
     k_factor: int | None = typer.Option(None, "--k-factor", min=1, help="Dense refine stage only: candidates re-ranked per passage (default: the index's)."),
 ) -> None:
     """Search an index with one query and show the top-k passages with their scores."""
-    from pathlib import Path
-
     from searchrl.retrieval.index import search_command
     from searchrl.retrieval.kinds import SearchSettings
 
-    search_command(Path(index_dir), query, k, as_json, SearchSettings(nprobe=nprobe, ef_search=ef_search, k_factor=k_factor))
+    search_command(index_dir, query, k, as_json, SearchSettings(nprobe=nprobe, ef_search=ef_search, k_factor=k_factor))
 
 
 # --- evaluation runs and ask ---

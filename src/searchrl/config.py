@@ -63,6 +63,8 @@ def deep_merge(base: dict, extra: dict) -> dict:
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     """A config file's mapping; a top-level `extends: OTHER.yaml` (relative to the file) is read
     first and this file's keys are deep-merged over it, so a variant states only what differs."""
+    if path.is_dir():
+        raise SearchRLError(f"config file {path} is a directory; give a YAML file (one inside it?)")
     if not path.is_file():
         raise SearchRLError(f"config file {path} does not exist")
     if path.resolve() in seen:

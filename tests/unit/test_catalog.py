@@ -217,4 +217,66 @@ def test_data_show_previews_long_fields(tmp_path):
     assert len(shown.output) < 3_000
     assert "q[1]" in shown.output  # ids are shown as written, not read as markup
     text = " ".join(shown.output.split())  # the console wraps lines at its width
-    assert "(199,700 more characters)" in text and "(4,700 more characters)" in text
+    assert "(199,699 more characters)" in text and "(4,700 more characters)" in text  # the question is stripped
+
+
+def test_data_show_makes_control_characters_visible(tmp_path):
+    from typer.testing import CliRunner
+
+    from searchrl.cli import app
+
+    path = tmp_path / "hostile.jsonl"
+    row = {"id": "q\x1b]8;;http://x\x07", "question": "Who?\x1b[2J\u202eevil\nA: forged", "answers": ["[bold]a\x9b"]}
+    path.write_text(json.dumps(row) + "\n")
+    shown = CliRunner().invoke(app, ["data", "show", str(path)])
+    assert shown.exit_code == 0, shown.output
+    assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u202e]", shown.output)  # nothing reaches the terminal raw
+    assert "q\\x1b]8;;http://x\\x07" in shown.output and "[bold]a\\x9b" in shown.output
+    assert "Who?\\x1b[2J\\u202eevil\\nA: forged" in " ".join(shown.output.split())  # one line: no forged "A:" line
+
+
+def test_a_directory_given_as_a_dataset_is_named_as_one(tmp_path):
+    with pytest.raises(SearchRLError, match=re.escape(f"{tmp_path} is a directory, not a file; pass a file (one inside it?)")):
+        catalog.load_dataset(str(tmp_path))
+
+
+def test_index_search_takes_catalog_names_like_serve(toy_home, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from searchrl.cli import app
+    from searchrl.retrieval.serving import resolve_source
+
+    built = catalog.named_index_dir("toyworld")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "toyworld").mkdir()  # e.g. `searchrl data toyworld --out toyworld`: no index in it
+    (tmp_path / "toyworld" / "corpus.jsonl").write_text("{}\n")
+    found = CliRunner().invoke(app, ["index", "search", "toyworld", "capital", "-k", "2", "--json"])
+    assert found.exit_code == 0, found.output
+    assert len(json.loads(found.stdout)) == 2
+    assert resolve_source("toyworld") == str(built.resolve())  # the one resolver serve uses too
+    missing = CliRunner().invoke(app, ["index", "search", "./nowhere/toyworld", "q"])
+    message = str(missing.exception)
+    assert message.startswith("index directory ./nowhere/toyworld does not exist; build one with `searchrl index build CORPUS --out DIR`")
+    assert "--out ./nowhere" not in message and "--out toyworld" not in message
+
+
+def test_a_file_given_as_an_index_directory_is_named_as_one(home, tmp_path):
+    path = tmp_path / "index.jsonl"
+    path.write_text("{}\n")
+    with pytest.raises(SearchRLError, match=re.escape(f"{path} is a file, not an index directory")):
+        open_retriever(str(path))
+
+
+def test_data_show_of_a_number_question_is_one_error_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from searchrl.cli import app
+    from searchrl.errors import DataError
+
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"id": "q1", "question": 123, "answers": ["a"]}\n')
+    shown = CliRunner().invoke(app, ["data", "show", str(path)])
+    assert isinstance(shown.exception, DataError), shown.output  # was a TypeError traceback
+    assert str(shown.exception) == (
+        f"{path}:1: field 'question' must be a non-empty string, got a number (format 'searchrl'); fix or drop this record"
+    )

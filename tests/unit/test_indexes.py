@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -312,3 +313,19 @@ def test_build_index_rejects_duplicate_passage_ids(tmp_path):
     result = CliRunner().invoke(app, ["index", "build", str(corpus), "--out", str(tmp_path / "i")])
     assert isinstance(result.exception, DataError)
     assert f"{corpus}: 1 passage id(s) occur more than once: 'd1'" in str(result.exception)
+
+
+def test_index_search_shows_passage_text_with_control_characters_escaped(tmp_path):
+    hostile = Passage("p\x1b[31m", "Title\x1b]8;;http://evil\x07[bold]", "volcano lava\x1b[2J and more \u202etext")
+    out = build_index([hostile, *CORPUS], tmp_path / "idx", "bm25", progress=False)
+    shown = CliRunner().invoke(app, ["index", "search", str(out), "volcano \x1b[5m lava", "-k", "1"], env={"COLUMNS": "300"})
+    assert shown.exit_code == 0, shown.output
+    assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u202e]", shown.output)
+    for text in ("Title\\x1b]8;;http://evil\\x07[bold] (p\\x1b[31m)", "volcano lava\\x1b[2J and more \\u202etext", "'volcano \\x1b[5m lava'"):
+        assert text in shown.output
+
+
+def test_open_index_on_a_file_says_it_is_a_file(tmp_path):
+    (tmp_path / "idx").write_text("not a folder")
+    with pytest.raises(SearchRLError, match=r"idx is not an index: a file, not a directory; build one"):
+        open_index(tmp_path / "idx")

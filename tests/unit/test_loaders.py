@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import types
 
@@ -283,3 +284,73 @@ def test_json_error_names_the_column_once(tmp_path):
     message = str(info.value)
     assert message.startswith(f"{path}:2: invalid JSON at column 14 (Unterminated string starting)")
     assert "at at" not in message
+
+
+@pytest.mark.parametrize(
+    "row, field, got",
+    [
+        ({"id": "1", "question": 123, "answers": ["a"]}, "question", "a number"),
+        ({"id": "1", "question": ["Who?"], "answers": ["a"]}, "question", "a list"),
+        ({"idx": 1, "question": {"q": "Who?"}, "answer": "a"}, "question", "an object"),
+        ({"question": "   ", "answer": "a"}, "question", "blank"),
+        ({"question_id": "1", "question_text": 7, "answers_objects": [{"spans": ["a"]}]}, "question_text", "a number"),
+    ],
+)
+def test_a_question_that_is_not_text_names_file_line_and_field(tmp_path, row, field, got):
+    path = write_jsonl(tmp_path / "q.jsonl", [row])
+    with pytest.raises(DataError, match=rf"q\.jsonl:1: field '{field}' must be a non-empty string, got {got} "):
+        load_questions(path)
+
+
+@pytest.mark.parametrize(
+    "row, field, got",
+    [
+        ({"id": "1", "question": "q", "answers": ["a", None]}, "answers", "null"),
+        ({"id": "1", "question": "q", "answers": [{"text": "a"}]}, "answers", "an object"),
+        ({"idx": 1, "question": "q", "answer": [["a"]]}, "answer", "a list"),
+        ({"id": "1", "question": "q", "golden_answers": [True, None]}, "golden_answers", "null"),
+        ({"question": "q", "answer": {"entity": {"nested": 1}}}, "answer", "an object"),
+        ({"_id": "1", "question": "q", "answer": [None]}, "answer", "null"),
+    ],
+)
+def test_an_answer_that_is_null_or_an_object_names_file_line_and_field(tmp_path, row, field, got):
+    path = write_jsonl(tmp_path / "a.jsonl", [row])
+    with pytest.raises(DataError, match=rf"a\.jsonl:1: field '{field}' holds {got} where an answer belongs"):
+        load_questions(path)
+
+
+def test_numbers_ids_and_fanoutqa_objects_are_read_as_strings(tmp_path):
+    rows = [
+        {"idx": 7, "question": "When?", "answer": [2006, 1995.5]},  # R1-Searcher's integer idx
+        {"id": "f1", "question": "Who?", "answer": {"A": 1, "B": "x", "C": False}},  # FanoutQA {entity: answer}
+    ]
+    path = write_json(tmp_path / "mixed.json", rows)
+    (r1, fanout) = load_questions(path, fmt="qa")
+    assert r1.answers == ("2006", "1995.5") and fanout.answers == ("A: 1; B: x; C: False",)
+    (q,) = load_questions(write_jsonl(tmp_path / "r1.jsonl", rows[:1]))
+    assert (q.id, q.answers) == ("7", ("2006", "1995.5"))
+
+
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        ({"id": {"x": 1}, "question": "q", "answers": ["a"]}, "field 'id' must be a string or an integer id, got an object"),
+        ({"idx": True, "question": "q", "answer": "a"}, "field 'idx' must be a string or an integer id, got true/false"),
+        ({"id": "1", "question": "q", "answers": ["a"], "supporting_ids": "p1"}, "field 'supporting_ids' must be a list"),
+        ({"id": "1", "question": "q", "answers": ["a"], "type": ["bridge"]}, "field 'type' must be a string, got a list"),
+        ({"id": "1", "question": "q", "answer": "a", "answer_aliases": "b", "paragraphs": []}, "field 'answer_aliases' must be a list"),
+        ({"question_id": "1", "question_text": "q", "answers_objects": ["a"]}, "field 'answers_objects' must be a list of objects"),
+    ],
+)
+def test_other_mistyped_fields_are_errors_not_stringified(tmp_path, row, message):
+    path = write_jsonl(tmp_path / "t.jsonl", [row])
+    with pytest.raises(DataError, match=r"t\.jsonl:1: " + re.escape(message)):
+        load_questions(path)
+
+
+def test_every_question_file_of_the_shared_data_still_loads(shared_data):
+    corpora = {"2wikimultihopqa_corpus.json", "hotpotqa_train_corpus.json", "musique_train_corpus.json",
+               "filtered_kilt_sample_100.jsonl", "sample_data.jsonl"}
+    files = [p for p in sorted(shared_data.rglob("*.json*")) if p.name not in corpora]
+    counts = {p.name: len(read_records(p)) for p in files}
+    assert len(counts) == 19 and counts["fanout-final-dev.json"] == 310 and counts["stage_2.jsonl"] == 8148

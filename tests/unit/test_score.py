@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from searchrl.cli import app
-from searchrl.errors import DataError
+from searchrl.errors import DataError, DataWarning
 from searchrl.eval.score import SCORE_KEYS, read_predictions, score_file, score_records
 
 
@@ -167,3 +168,38 @@ def test_non_finite_gold_numbers_are_rejected(tmp_path: Path, gold: str) -> None
     path.write_text('{"answers": ["a"], "prediction": "a"}\n' f'{{"answers": {gold}, "prediction": "nan"}}\n')
     with pytest.raises(DataError, match=rf"{path}:2: `answers` holds (nan|inf), not a finite number"):
         read_predictions(path)
+
+
+def test_repeated_ids_are_scored_once_at_their_first_record_with_a_warning(tmp_path: Path) -> None:
+    rows = [
+        {"id": "a", "answers": ["x"], "prediction": "x"},
+        {"id": "b", "answers": ["y"], "prediction": "no"},
+        {"id": "a", "answers": ["x"], "prediction": "wrong"},  # e.g. a second run appended
+        {"id": "b", "answers": ["y"], "prediction": "y"},
+        {"id": "b", "answers": ["y"], "prediction": "y"},
+        {"answers": ["z"], "prediction": "z"},  # records without ids are all kept
+        {"answers": ["z"], "prediction": "z"},
+    ]
+    path = write_jsonl(tmp_path / "twice.jsonl", rows)
+    with pytest.warns(DataWarning) as caught:
+        result = CliRunner().invoke(app, ["eval", "score", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["n"] == 4 and json.loads(result.stdout)["em"] == 0.75  # a, b (first: wrong), z, z
+    (warning,) = [str(w.message) for w in caught if issubclass(w.category, DataWarning)]
+    assert warning == (
+        f"{path}: 2 id(s) occur more than once (3 extra record(s)): 'a', 'b'; scored each id once, at its first record"
+    )
+    with pytest.warns(DataWarning):
+        assert score_file(path)["n"] == 4
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [("id", {"k": 1}, "`id` must be a string or an integer, got dict"), ("question", ["Q?"], "`question` must be a string or null, got list")],
+)
+def test_ids_and_questions_must_be_text(tmp_path: Path, field: str, value, message: str) -> None:
+    path = write_jsonl(tmp_path / "p.jsonl", [{"answers": ["a"], "prediction": "a", field: value}])
+    with pytest.raises(DataError, match=re.escape(f"{path}:1: {message}")):
+        read_predictions(path)
+    write_jsonl(path, [{"id": 3, "answers": ["a"], "prediction": "a"}])
+    assert read_predictions(path)[0].id == "3"

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from searchrl.data.loaders import load_questions
+from searchrl.data.textio import check_file, read_json
 from searchrl.data.types import Question
-from searchrl.errors import DataError, SearchRLError
+from searchrl.errors import SearchRLError
 from searchrl.paths import cache_dir, find_shared_data, shared_data
 from searchrl.registry import Registry
 
@@ -132,9 +133,8 @@ def _file_entry(name: str, rel: str, description: str, fmt: str = "auto") -> Non
 
     def count() -> int:
         path = shared_data() / rel
-        if not path.is_file():
-            raise DataError(f"{path}: no such file")
-        return _count_lines(path) if path.suffix == ".jsonl" else len(json.loads(path.read_text("utf-8")))
+        check_file(path)
+        return _count_lines(path) if path.suffix == ".jsonl" else len(read_json(path))
 
     DATASETS.register(name)(DatasetEntry(name, description, rel, load, count))
 
@@ -227,8 +227,8 @@ def load_dataset(spec: str) -> list[Question]:
             raise SearchRLError(f"dataset spec {spec!r} names no Hugging Face dataset; write hf:NAME[@CONFIG][:SPLIT]")
         return load_hf(name, split or "train", config or None)
     path = Path(spec).expanduser()
-    if path.is_file():
-        return load_questions(path)
+    if path.exists():
+        return load_questions(path)  # a directory is refused there, as one
     known = ", ".join(DATASETS.names())
     raise SearchRLError(
         f"unknown dataset {spec!r}: not a catalog name and no such file. "
@@ -364,20 +364,29 @@ def preview(text: str, limit: int = _PREVIEW_CHARS) -> str:
 
 
 def show_command(spec: str, limit: int) -> None:
-    """`searchrl data show SPEC`: the first `limit` questions of a dataset, long fields cut short."""
+    """`searchrl data show SPEC`: the first `limit` questions of a dataset, long fields cut short
+    and control characters shown as escapes (the file's text is untrusted)."""
     from rich.console import Console
     from rich.markup import escape
+    from rich.text import Text
+
+    from searchrl.display import visible
 
     console = Console()
     questions = load_dataset(spec)
     console.print(f"[bold]{escape(spec)}[/]: {len(questions):,} questions")
+
+    def show(text: str, limit: int = _PREVIEW_CHARS) -> str:
+        return visible(preview(text, limit), keep_newlines=False)
+
     for q in questions[:limit]:
         meta = f"{q.type or ''} {q.source}"
-        console.print(f"\n[cyan]{escape(preview(q.id, 80))}[/] [dim]{escape(preview(meta, 80))}[/]", highlight=False)
-        console.print(f"  Q: {preview(q.question)}", highlight=False, markup=False)
-        console.print(f"  A: {preview(' | '.join(q.answers))}", highlight=False, markup=False)
+        console.print()
+        console.print(Text.assemble((show(q.id, 80), "cyan"), " ", (show(meta, 80), "dim")), highlight=False, markup=False)
+        console.print(f"  Q: {show(q.question)}", highlight=False, markup=False)
+        console.print(f"  A: {show(' | '.join(q.answers))}", highlight=False, markup=False)
         if q.supporting_ids:
-            console.print(f"  supporting: {preview(', '.join(q.supporting_ids))}", highlight=False, markup=False)
+            console.print(f"  supporting: {show(', '.join(q.supporting_ids))}", highlight=False, markup=False)
 
 
 def localwiki_command(out: Path) -> None:

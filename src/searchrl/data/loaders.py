@@ -21,7 +21,6 @@ corpus ids to point at.
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
 from collections import Counter
@@ -31,7 +30,7 @@ from itertools import chain
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from searchrl.data.textio import head, iter_json_lines, json_error, read_text
+from searchrl.data.textio import head, iter_json_lines, read_json
 from searchrl.data.types import Question
 from searchrl.errors import DataError, DataWarning, SearchRLError, listing
 from searchrl.registry import Registry
@@ -73,25 +72,71 @@ def _need(row: dict, keys: Iterable[str], where: str, fmt: str) -> None:
         raise DataError(f"{where}: missing or empty field {names} (format {fmt!r}); fix or drop this record")
 
 
-def _answers(value: Any, where: str, fmt: str) -> tuple[str, ...]:
-    if isinstance(value, dict):  # e.g. FanoutQA {entity: answer}: one readable string
-        value = "; ".join(f"{k}: {v}" for k, v in value.items())
-    items = value if isinstance(value, (list, tuple)) else [value]
+def _json_kind(value: Any) -> str:
+    """How JSON would name `value`'s type, for messages: "null", "a number", "an object", ..."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true/false"
+    kinds = {str: "a string", int: "a number", float: "a number", dict: "an object", list: "a list"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+def _question(row: dict, key: str, where: str, fmt: str) -> str:
+    value = row[key]
+    if not isinstance(value, str) or not value.strip():
+        got = "blank" if isinstance(value, str) else _json_kind(value)
+        raise DataError(
+            f"{where}: field {key!r} must be a non-empty string, got {got} (format {fmt!r}); "
+            "fix or drop this record"
+        )
+    return value.strip()
+
+
+def _id(row: dict, keys: Iterable[str], where: str, fallback: str) -> str:
+    """The first of `keys` that is set, as a string; ids are strings or integers (R1-Searcher's
+    `idx`), anything else is an error rather than a stringified object."""
+    for key in keys:
+        value = row.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise DataError(
+                f"{where}: field {key!r} must be a string or an integer id, got {_json_kind(value)}; "
+                "fix or drop this record"
+            )
+        return str(value)
+    return fallback
+
+
+def _answer_text(item: Any, where: str, fmt: str, field: str) -> str:
+    if isinstance(item, str):
+        return item.strip()
+    if isinstance(item, float) and not math.isfinite(item):
+        # json reads NaN, Infinity and 1e400 as floats whose text ("nan", "inf") would match.
+        raise DataError(
+            f"{where}: answer {item!r} is not a finite number (NaN, Infinity or an overflow like 1e400); "
+            "write the answer as a string"
+        )
+    if isinstance(item, (int, float)):  # FanoutQA writes numbers and true/false as JSON values
+        return str(item)
+    raise DataError(
+        f"{where}: field {field!r} holds {_json_kind(item)} where an answer belongs; answers are "
+        f"strings or lists of strings (format {fmt!r}); fix or drop this record"
+    )
+
+
+def _answers(value: Any, where: str, fmt: str, field: str) -> tuple[str, ...]:
+    if isinstance(value, dict):  # FanoutQA {entity: answer}: one readable string
+        value = "; ".join(f"{k}: {_answer_text(v, where, fmt, field)}" for k, v in value.items())
+    items = value if isinstance(value, list) else [value]
     out: list[str] = []
     for item in items:
-        if item is None:
-            continue
-        if isinstance(item, float) and not math.isfinite(item):
-            # json reads NaN, Infinity and 1e400 as floats whose text ("nan", "inf") would match.
-            raise DataError(
-                f"{where}: answer {item!r} is not a finite number (NaN, Infinity or an overflow like 1e400); "
-                "write the answer as a string"
-            )
-        text = str(item).strip()
+        text = _answer_text(item, where, fmt, field)
         if text and text not in out:
             out.append(text)
     if not out:
-        raise DataError(f"{where}: no usable answer in {value!r} (format {fmt!r})")
+        raise DataError(f"{where}: no usable answer in field {field!r} (format {fmt!r}); fix or drop this record")
     return tuple(out)
 
 
@@ -105,24 +150,38 @@ def _sentences(sents: Any) -> str:
 @FORMATS.register("searchrl")
 def _parse_searchrl(row: dict, where: str, index: int, source: str) -> Record:
     _need(row, ("id", "question", "answers"), where, "searchrl")
-    q = Question.from_dict({**row, "answers": _answers(row["answers"], where, "searchrl")})
+    for key in ("type", "source"):
+        if not isinstance(row.get(key) or "", str):
+            raise DataError(f"{where}: field {key!r} must be a string, got {_json_kind(row[key])}")
+    ids = row.get("supporting_ids") or []
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        raise DataError(f"{where}: field 'supporting_ids' must be a list of passage id strings")
+    q = Question.from_dict({
+        **row,
+        "type": row.get("type") or "",
+        "source": row.get("source") or "",
+        "supporting_ids": ids,
+        "id": _id(row, ("id",), where, ""),
+        "question": _question(row, "question", where, "searchrl"),
+        "answers": _answers(row["answers"], where, "searchrl", "answers"),
+    })
     return Record(replace(q, source=q.source or source))
 
 
 @FORMATS.register("r1searcher")
 def _parse_r1searcher(row: dict, where: str, index: int, source: str) -> Record:
     _need(row, ("question", "answer"), where, "r1searcher")
-    qid = str(row["idx"]) if row.get("idx") is not None else str(index)
-    answers = _answers(row["answer"], where, "r1searcher")
-    return Record(Question(qid, row["question"].strip(), answers, source=source))
+    qid = _id(row, ("idx",), where, str(index))
+    answers = _answers(row["answer"], where, "r1searcher", "answer")
+    return Record(Question(qid, _question(row, "question", where, "r1searcher"), answers, source=source))
 
 
 @FORMATS.register("flashrag")
 def _parse_flashrag(row: dict, where: str, index: int, source: str) -> Record:
     _need(row, ("question", "golden_answers"), where, "flashrag")
-    qid = str(row.get("id", index))
-    answers = _answers(row["golden_answers"], where, "flashrag")
-    return Record(Question(qid, row["question"].strip(), answers, source=source))
+    qid = _id(row, ("id",), where, str(index))
+    answers = _answers(row["golden_answers"], where, "flashrag", "golden_answers")
+    return Record(Question(qid, _question(row, "question", where, "flashrag"), answers, source=source))
 
 
 def _hotpot_context(ctx: Any) -> list[tuple[str, str]]:
@@ -143,8 +202,8 @@ def _parse_hotpotqa(row: dict, where: str, index: int, source: str) -> Record:
     """HotpotQA and 2WikiMultihopQA share this shape; a missing `context` (some 2Wiki rows)
     is allowed and simply yields no gold paragraphs."""
     _need(row, ("question", "answer"), where, "hotpotqa")
-    qid = str(row.get("_id", row.get("id", index)))
-    answers = _answers(row["answer"], where, "hotpotqa")
+    qid = _id(row, ("_id", "id"), where, str(index))
+    answers = _answers(row["answer"], where, "hotpotqa", "answer")
     context: tuple[GoldParagraph, ...] = ()
     if row.get("context"):
         try:
@@ -152,15 +211,19 @@ def _parse_hotpotqa(row: dict, where: str, index: int, source: str) -> Record:
             context = tuple(GoldParagraph(t, x, t in support) for t, x in _hotpot_context(row["context"]))
         except (TypeError, ValueError, IndexError) as exc:
             raise DataError(f"{where}: malformed 'context' or 'supporting_facts' ({exc})") from None
-    q = Question(qid, row["question"].strip(), answers, type=str(row.get("type") or ""), source=source)
+    question = _question(row, "question", where, "hotpotqa")
+    q = Question(qid, question, answers, type=str(row.get("type") or ""), source=source)
     return Record(q, context)
 
 
 @FORMATS.register("musique")
 def _parse_musique(row: dict, where: str, index: int, source: str) -> Record:
     _need(row, ("question", "answer"), where, "musique")
-    qid = str(row.get("id", index))
-    answers = _answers([row["answer"], *(row.get("answer_aliases") or [])], where, "musique")
+    qid = _id(row, ("id",), where, str(index))
+    aliases = row.get("answer_aliases") or []
+    if not isinstance(aliases, list):
+        raise DataError(f"{where}: field 'answer_aliases' must be a list of strings, got {_json_kind(aliases)}")
+    answers = _answers([row["answer"], *aliases], where, "musique", "answer/answer_aliases")
     try:
         context = tuple(
             GoldParagraph(p["title"], clean_text(p["paragraph_text"]), bool(p.get("is_supporting")))
@@ -169,19 +232,24 @@ def _parse_musique(row: dict, where: str, index: int, source: str) -> Record:
     except (KeyError, TypeError) as exc:
         raise DataError(f"{where}: a paragraph lacks {exc} (needs title, paragraph_text)") from None
     qtype = qid.split("__")[0] if "__" in qid else ""  # "2hop", "3hop1", ...
-    return Record(Question(qid, row["question"].strip(), answers, type=qtype, source=source), context)
+    question = _question(row, "question", where, "musique")
+    return Record(Question(qid, question, answers, type=qtype, source=source), context)
 
 
-def _ircot_answers(objects: list, where: str) -> tuple[str, ...]:
+def _ircot_answers(objects: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(objects, list) or not all(isinstance(o, dict) for o in objects):
+        raise DataError(f"{where}: field 'answers_objects' must be a list of objects (format 'ircot')")
     found: list[str] = []
-    for obj in objects or []:
+    for obj in objects:
+        if not isinstance(obj.get("spans") or [], list) or not isinstance(obj.get("date") or {}, dict):
+            raise DataError(f"{where}: an answers_objects entry needs 'spans' as a list and 'date' as an object")
         found.extend(obj.get("spans") or [])
         if not obj.get("spans") and obj.get("number"):
             found.append(obj["number"])
         date = obj.get("date") or {}
         if not obj.get("spans") and any(date.values()):
             found.append(" ".join(str(date[k]) for k in ("day", "month", "year") if date.get(k)))
-    return _answers(found, where, "ircot")
+    return _answers(found, where, "ircot", "answers_objects")
 
 
 @FORMATS.register("ircot")
@@ -195,14 +263,16 @@ def _parse_ircot(row: dict, where: str, index: int, source: str) -> Record:
     except (KeyError, TypeError) as exc:
         raise DataError(f"{where}: a context lacks {exc} (needs title, paragraph_text)") from None
     answers = _ircot_answers(row["answers_objects"], where)
-    return Record(Question(str(row["question_id"]), row["question_text"].strip(), answers, source=source), context)
+    qid, question = _id(row, ("question_id",), where, ""), _question(row, "question_text", where, "ircot")
+    return Record(Question(qid, question, answers, source=source), context)
 
 
 @FORMATS.register("qa")
 def _parse_qa(row: dict, where: str, index: int, source: str) -> Record:
     _need(row, ("question", "answer"), where, "qa")
     qid = f"{source}-{index}" if source else str(index)
-    return Record(Question(qid, row["question"].strip(), _answers(row["answer"], where, "qa"), source=source))
+    answers = _answers(row["answer"], where, "qa", "answer")
+    return Record(Question(qid, _question(row, "question", where, "qa"), answers, source=source))
 
 
 def detect_format(row: Any, where: str = "record") -> str:
@@ -238,10 +308,7 @@ def iter_rows(path: Path) -> Iterator[tuple[str, Any]]:
     path = Path(path)
     start = head(path)
     if start.startswith("["):
-        try:
-            rows = json.loads(read_text(path))
-        except json.JSONDecodeError as exc:
-            raise json_error(f"{path}:{exc.lineno}", exc) from None
+        rows = read_json(path)
         for i, row in enumerate(rows):
             yield f"{path}, record [{i}]", row
         return
@@ -258,8 +325,8 @@ def iter_rows(path: Path) -> Iterator[tuple[str, Any]]:
 
 def _reject_json_object(path: Path) -> None:
     try:
-        json.loads(read_text(path))
-    except (json.JSONDecodeError, DataError):
+        read_json(path)
+    except DataError:
         return  # really broken JSON lines: let the caller report the line
     raise DataError(
         f"{path}: is one JSON object, not a list of questions or JSON lines "

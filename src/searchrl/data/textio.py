@@ -2,6 +2,11 @@
 
 Every reader of question, corpus, prediction and metrics files goes through here, so bad bytes,
 broken JSON and directories given for files all read the same way: `file:line: what; what to do`.
+
+Two limits keep a hostile file from exhausting memory or the stack: a JSON-lines line may hold
+at most `MAX_LINE_BYTES` (16 MiB; no real record comes near it) and any JSON value may nest at
+most `MAX_DEPTH` (64) arrays or objects deep (the benchmark files nest at most 9; Python's
+parser would otherwise recurse once per level and crash with RecursionError near 1,000).
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,12 +23,19 @@ from searchrl.errors import DataError
 
 _FIX_ENCODING = "re-save it as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"
 
+MAX_LINE_BYTES = 16 * 2**20
+MAX_DEPTH = 64
 
-def _check_file(path: Path) -> None:
+# A JSON string (escapes included) or one bracket: what the nesting scan steps over.
+_JSON_TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+
+
+def check_file(path: Path, what: str = "file") -> None:
+    """DataError unless `path` is a file: a directory and a missing path are told apart."""
     if path.is_dir():
-        raise DataError(f"{path} is a directory; pass a file (one inside it?)")
+        raise DataError(f"{path} is a directory, not a {what}; pass a file (one inside it?)")
     if not path.is_file():
-        raise DataError(f"{path}: no such file")
+        raise DataError(f"{path}: no such {what}")
 
 
 def _decode(raw: bytes, where: str, bom: bool) -> str:
@@ -35,21 +48,30 @@ def _decode(raw: bytes, where: str, bom: bool) -> str:
         ) from None
 
 
-def read_lines(path: Path) -> Iterator[tuple[int, str]]:
+def read_lines(path: Path, max_bytes: int | None = None) -> Iterator[tuple[int, str]]:
     """(line number, line with its ending) of a UTF-8 text file, `.gz` too; a leading
-    byte-order mark is dropped. Lines are decoded one by one, so a bad byte names its line."""
+    byte-order mark is dropped. Lines are decoded one by one, so a bad byte names its line.
+    A line longer than `max_bytes` (ending not counted) is an error, found without reading it whole."""
     path = Path(path)
-    _check_file(path)
+    check_file(path)
     opener = gzip.open if path.suffix.lower() == ".gz" else open
+    size = -1 if max_bytes is None else max_bytes + 2  # room for a "\r\n" ending
     with opener(path, "rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
+        lineno = 0
+        while raw := fh.readline(size):
+            lineno += 1
+            if max_bytes is not None and len(raw) > max_bytes and len(raw.rstrip(b"\r\n")) > max_bytes:
+                raise DataError(
+                    f"{path}:{lineno}: line longer than {max_bytes:,} bytes, the limit for one JSON-lines "
+                    "record; is this really a JSON-lines file? Split the record or fix the file"
+                )
             yield lineno, _decode(raw, f"{path}:{lineno}", bom=lineno == 1)
 
 
 def read_text(path: Path) -> str:
     """The whole of a UTF-8 text file (byte-order mark dropped); DataError names the bad line."""
     path = Path(path)
-    _check_file(path)
+    check_file(path)
     raw = path.read_bytes()
     try:
         return raw.decode("utf-8-sig")
@@ -77,6 +99,55 @@ def json_error(where: str, exc: json.JSONDecodeError) -> DataError:
     return DataError(f"{where}: invalid JSON at column {exc.colno} ({reason}); fix or remove the line")
 
 
+def _too_deep(text: str) -> int | None:
+    """Offset of the first `[` or `{` nested deeper than MAX_DEPTH (strings skipped), None if
+    none. A loop, not recursion: a hostile line may nest a million levels deep."""
+    if text.count("[") + text.count("{") <= MAX_DEPTH:  # the common case, at C speed
+        return None
+    depth = 0
+    for match in _JSON_TOKENS.finditer(text):
+        token = match.group()
+        if token in ("[", "{"):
+            depth += 1
+            if depth > MAX_DEPTH:
+                return match.start()
+        elif token in ("]", "}"):
+            depth -= 1
+    return None
+
+
+def _nesting_error(where: str, column: int) -> DataError:
+    return DataError(
+        f"{where}: JSON nested more than {MAX_DEPTH} levels deep (at column {column}); "
+        "no question, corpus or predictions record nests like that: fix or remove it"
+    )
+
+
+def loads(text: str, where: str) -> Any:
+    """`json.loads` of one line, refusing values nested deeper than MAX_DEPTH with a DataError
+    naming `where` ("file:line"). JSONDecodeError is left to the caller, which knows whether a
+    torn line is expected there."""
+    offset = _too_deep(text)
+    if offset is not None:
+        raise _nesting_error(where, offset + 1)
+    return json.loads(text)
+
+
+def read_json(path: Path) -> Any:
+    """The value of a whole-file JSON document (a list of questions, a corpus, metrics), `.gz`
+    too; DataError names the file and line of broken or too deeply nested JSON."""
+    path = Path(path)
+    text = "".join(line for _, line in read_lines(path))
+    offset = _too_deep(text)
+    if offset is not None:
+        line = text.count("\n", 0, offset) + 1
+        raise _nesting_error(f"{path}:{line}", offset - text.rfind("\n", 0, offset))
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise json_error(f"{path}:{exc.lineno}", exc) from None
+
+
 def iter_json_lines(
     path: Path, on_torn_tail: Callable[[str], None] | None = None
 ) -> Iterator[tuple[int, Any]]:
@@ -86,11 +157,11 @@ def iter_json_lines(
     partial copy): with `on_torn_tail` it is skipped and the callback gets a message saying so;
     without, it is an error like any other bad line.
     """
-    for lineno, line in read_lines(path):
+    for lineno, line in read_lines(path, MAX_LINE_BYTES):
         if not line.strip():
             continue
         try:
-            value = json.loads(line)
+            value = loads(line, f"{path}:{lineno}")
         except json.JSONDecodeError as exc:
             if on_torn_tail is not None and not line.endswith(("\n", "\r")):
                 on_torn_tail(f"{path}:{lineno}: the last line is cut off (no line ending, not valid JSON); skipped it")
@@ -113,7 +184,7 @@ def read_appended_jsonl(path: Path, redo: str) -> list:
         if not line.strip():
             continue
         try:
-            values.append(json.loads(line))
+            values.append(loads(line, f"{path}:{n}"))
         except json.JSONDecodeError:
             if n == len(lines):  # no newline after it: the write was cut short
                 break

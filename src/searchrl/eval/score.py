@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from searchrl.data.textio import head, iter_json_lines, json_error, read_text
-from searchrl.errors import DataError
+from searchrl.data.textio import check_file, head, iter_json_lines, read_json
+from searchrl.errors import DataError, DataWarning, listing
 from searchrl.metrics import cover_em, cover_em_substring, exact_match, f1_score
 
 SCORE_KEYS = ("n", "em", "f1", "cover_em", "cover_em_substring", "acc_l")
@@ -86,8 +87,19 @@ def _verdict(value: Any, field: str, where: str) -> bool | None:
     raise DataError(f'{where}: `{field}` must be true/false (or "True"/"False"), got {value!r}')
 
 
-def _text(value: Any) -> str | None:
-    return None if value is None else str(value)
+def _question(value: Any, where: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise DataError(f"{where}: `question` must be a string or null, got {type(value).__name__} {value!r:.60}")
+
+
+def _id(value: Any, where: str) -> str | None:
+    """Ids are strings or integers (written as strings); None when absent."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    raise DataError(f"{where}: `id` must be a string or an integer, got {type(value).__name__} {value!r:.60}")
 
 
 def parse_record(obj: Any, where: str) -> ScoredPrediction:
@@ -99,8 +111,8 @@ def parse_record(obj: Any, where: str) -> ScoredPrediction:
             golds=_golds(obj["answers"], "answers", where),
             prediction=_prediction(obj["prediction"], "prediction", where),
             judge=_verdict(obj.get("judge"), "judge", where),
-            question=_text(obj.get("question")),
-            id=_text(obj.get("id")),
+            question=_question(obj.get("question"), where),
+            id=_id(obj.get("id"), where),
         )
     if "pred_ans" in obj:
         if "answer" not in obj:
@@ -109,8 +121,8 @@ def parse_record(obj: Any, where: str) -> ScoredPrediction:
             golds=_golds(obj["answer"], "answer", where),
             prediction=_prediction(obj["pred_ans"], "pred_ans", where),
             judge=_verdict(obj.get("gpt4o_output"), "gpt4o_output", where),
-            question=_text(obj.get("question")),
-            id=_text(obj.get("id")),
+            question=_question(obj.get("question"), where),
+            id=_id(obj.get("id"), where),
         )
     if "golden_answers" in obj:
         output = obj.get("output")
@@ -125,8 +137,8 @@ def parse_record(obj: Any, where: str) -> ScoredPrediction:
         return ScoredPrediction(
             golds=_golds(obj["golden_answers"], "golden_answers", where),
             prediction=_prediction(pred, "pred", where),
-            question=_text(obj.get("question")),
-            id=_text(obj.get("id")),
+            question=_question(obj.get("question"), where),
+            id=_id(obj.get("id"), where),
         )
     keys = ", ".join(sorted(map(str, obj))) or "(none)"
     raise DataError(
@@ -138,21 +150,42 @@ def parse_record(obj: Any, where: str) -> ScoredPrediction:
 def read_predictions(path: str | Path) -> list[ScoredPrediction]:
     """All records of a predictions file; a malformed one raises DataError naming file:line."""
     path = Path(path)
-    if not path.exists():
-        raise DataError(f"{path}: no such predictions file")
     if path.is_dir():
         raise DataError(f"{path} is a directory; pass the predictions file in it (e.g. {path / 'predictions.jsonl'})")
+    check_file(path, "predictions file")
     if head(path).startswith("["):
-        try:
-            items = json.loads(read_text(path))
-        except json.JSONDecodeError as exc:
-            raise json_error(f"{path}:{exc.lineno}", exc) from None
+        items = read_json(path)
         records = [parse_record(obj, f"{path}: item {i}") for i, obj in enumerate(items)]
     else:
         records = [parse_record(obj, f"{path}:{lineno}") for lineno, obj in iter_json_lines(path)]
     if not records:
         raise DataError(f"{path}: holds no predictions")
     return records
+
+
+def first_of_each_id(records: list[ScoredPrediction], path: Path) -> list[ScoredPrediction]:
+    """`records` with each id kept once, at its first occurrence (records without an id all
+    kept); a DataWarning names the repeated ids, since counting them twice would bend the means
+    (two runs appended to one file, a resumed run that wrote a record again)."""
+    seen: set[str] = set()
+    kept, repeated = [], []
+    for r in records:
+        if r.id is None:
+            kept.append(r)
+        elif r.id in seen:
+            repeated.append(r.id)
+        else:
+            seen.add(r.id)
+            kept.append(r)
+    if repeated:
+        ids = list(dict.fromkeys(repeated))
+        warnings.warn(
+            f"{path}: {len(ids)} id(s) occur more than once ({len(repeated)} extra record(s)): {listing(ids, 5)}; "
+            "scored each id once, at its first record",
+            DataWarning,
+            stacklevel=2,
+        )
+    return kept
 
 
 def score_records(records: Iterable[ScoredPrediction | Mapping[str, Any]]) -> dict[str, Any]:
@@ -190,7 +223,7 @@ def score_records(records: Iterable[ScoredPrediction | Mapping[str, Any]]) -> di
 
 def score_file(path: str | Path) -> dict[str, Any]:
     """Scores of one predictions file, as fractions in [0, 1]; `acc_l` is None without verdicts."""
-    return score_records(read_predictions(path))
+    return score_records(first_of_each_id(read_predictions(path), Path(path)))
 
 
 def judge_missing(
@@ -230,7 +263,7 @@ def score_command(
     from rich.console import Console
     from rich.table import Table
 
-    records = read_predictions(path)
+    records = first_of_each_id(read_predictions(path), path)
     err = Console(stderr=True)
     if judge_url is not None:
         from searchrl.judge import DEFAULT_MODEL, JudgeConfig

@@ -41,21 +41,35 @@ def open_retriever(
                 "set them there (`searchrl serve --nprobe ...`)"
             )
         return HttpRetriever(source, api=api, retry=retry)
-    # Imported when used: each index kind brings its own heavy libraries (bm25s, faiss), and the
-    # catalog its registries.
+    # Imported when used: each index kind brings its own heavy libraries (bm25s, faiss).
     from searchrl.retrieval.index import open_index
 
+    return open_index(local_index_dir(source), settings=settings)
+
+
+def local_index_dir(source: str) -> Path:
+    """The index folder `source` names: a directory written by `searchrl index build`, or a
+    catalog index name (built on first use). A catalog name wins over a same-named folder that
+    holds no index (e.g. the output of `searchrl data toyworld --out toyworld`)."""
+    from searchrl.data.catalog import INDEXES, named_index_dir
+    from searchrl.retrieval.store import MANIFEST
+
     path = Path(source).expanduser()
+    if source in INDEXES and not (path / MANIFEST).is_file():
+        return named_index_dir(source)
     if path.is_dir():
-        return open_index(path, settings=settings)
+        return path
+    if path.exists():
+        raise SearchRLError(
+            f"{source} is a file, not an index directory; give the folder `searchrl index build --out` wrote, "
+            "a catalog index name (`searchrl data list`) or an http(s):// retrieval server URL"
+        )
     if "/" in source or path.suffix:
         raise SearchRLError(
-            f"index directory {source} does not exist; build one with `searchrl index build`, or "
-            "give a catalog index name (`searchrl data list`) or an http(s):// retrieval server URL"
+            f"index directory {source} does not exist; build one with `searchrl index build CORPUS --out DIR`, "
+            "or give a catalog index name (`searchrl data list`) or an http(s):// retrieval server URL"
         )
-    from searchrl.data.catalog import named_index_dir
-
-    return open_index(named_index_dir(source), settings=settings)
+    return named_index_dir(source)  # an unknown bare name: the error lists the catalog
 
 
 class RetrievalConfig(StrictModel):

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-from searchrl.data.textio import iter_json_lines, json_error, read_lines
+from searchrl.data.textio import check_file, iter_json_lines, loads, read_json, read_lines
 from searchrl.data.types import Passage
 from searchrl.errors import DataError, DataWarning, SearchRLError
 
@@ -51,8 +51,7 @@ def read_passages(path: Path, fmt: str = "auto", chunk_words: int = 100) -> Iter
     iterating, and a file that yields nothing raises `DataError` at the end.
     """
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such corpus file")
+    check_file(path, "corpus file")
     if fmt == "auto":
         fmt = detect_format(path)
     elif fmt not in _READERS:
@@ -100,7 +99,7 @@ def detect_format(path: Path) -> str:
         return "json-list"
     if head.startswith("{"):
         try:
-            record = json.loads(first)
+            record = loads(first, f"{path}:1")
         except json.JSONDecodeError:
             # A pretty-printed JSON object spans many lines; JSON-lines records never do.
             if ext == ".jsonl":
@@ -327,15 +326,8 @@ def _read_tsv(path: Path) -> Iterator[_Doc]:
 # --- whole-file JSON: json-list, json-dict ---------------------------------------------
 
 
-def _load_json(path: Path):
-    try:
-        return json.loads("".join(line for _, line in read_lines(path)))
-    except json.JSONDecodeError as exc:
-        raise json_error(f"{path}:{exc.lineno}", exc) from None
-
-
 def _read_json_list(path: Path) -> Iterator[_Doc]:
-    data = _load_json(path)
+    data = read_json(path)
     if not isinstance(data, list):
         raise DataError(
             f"{path}: expected a JSON list of {{'title', 'text'}} objects, got a {type(data).__name__}"
@@ -355,7 +347,7 @@ def _read_json_list(path: Path) -> Iterator[_Doc]:
 
 
 def _read_json_dict(path: Path) -> Iterator[_Doc]:
-    data = _load_json(path)
+    data = read_json(path)
     if not isinstance(data, dict):
         raise DataError(
             f"{path}: expected a JSON object title -> list of sentences, got a {type(data).__name__}"

@@ -262,16 +262,20 @@ def build_command(
 
 
 def search_command(
-    index_dir: Path, query: str, k: int, as_json: bool, settings: SearchSettings | None = None
+    index: str, query: str, k: int, as_json: bool, settings: SearchSettings | None = None
 ) -> None:
-    """`searchrl index search`: one query, a table (or JSON) of the top-k passages."""
+    """`searchrl index search`: one query against an index directory or a catalog index, a
+    table (or JSON) of the top-k passages; their text is shown with control characters escaped."""
     import json
 
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
-    retriever = open_index(Path(index_dir), settings=settings)
+    from searchrl.display import visible
+    from searchrl.retrieval import local_index_dir
+
+    retriever = open_index(local_index_dir(index), settings=settings)
     try:
         (hits,) = retriever.search([query], k)
     finally:
@@ -281,17 +285,12 @@ def search_command(
         return
     console = Console()
     if not hits:
-        console.print("no passages matched" + ("" if query.strip() else " (the query is blank)"))
+        console.print("no passages matched" + ("" if query.strip() else " (the query is blank)"), markup=False)
         return
-    table = Table(
-        "#", "score", "title", "text", title=f"{query!r} in {index_dir}", show_lines=False
-    )
+    title = Text(f"'{visible(query, keep_newlines=False)}' in {index}")
+    table = Table("#", "score", "title", "text", title=title, show_lines=False)
     for rank, p in enumerate(hits, 1):
         snippet = p.text if len(p.text) <= 160 else p.text[:157] + "..."
-        table.add_row(
-            str(rank),
-            f"{p.score:.3f}",
-            f"{escape(p.title)} [dim]({escape(p.id)})[/]",
-            escape(snippet),
-        )
-    console.print(table)
+        name = Text.assemble(visible(p.title, keep_newlines=False), " ", (f"({visible(p.id, keep_newlines=False)})", "dim"))
+        table.add_row(str(rank), f"{p.score:.3f}", name, Text(visible(snippet)))
+    console.print(table, markup=False)

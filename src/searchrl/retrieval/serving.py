@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 from pydantic import Field
 
 from searchrl.config import StrictModel
-from searchrl.errors import SearchRLError
+from searchrl.retrieval import local_index_dir
 from searchrl.retrieval.server import ServerLimits, create_app
 
 ENV = "SEARCHRL_SERVE"
@@ -109,16 +109,7 @@ def resolve_source(index: str) -> str:
     rather than by every worker at the same time)."""
     if urlsplit(index).scheme in ("http", "https"):
         return index
-    path = Path(index).expanduser()
-    if not path.is_dir():
-        if "/" in index or path.suffix:
-            raise SearchRLError(
-                f"index directory {index} does not exist; build one with `searchrl index build`"
-            )
-        from searchrl.data.catalog import named_index_dir
-
-        path = named_index_dir(index)
-    return str(path.resolve())
+    return str(local_index_dir(index).resolve())
 
 
 def index_identity(source: str) -> str:

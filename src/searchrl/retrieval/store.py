@@ -175,7 +175,8 @@ def read_manifest(folder: Path) -> dict:
     path = folder / MANIFEST
     hint = f"build one with `searchrl index build CORPUS --out {folder}`"
     if not folder.is_dir():
-        raise SearchRLError(f"{folder} is not an index: no such directory; {hint}")
+        what = "a file, not a directory" if folder.exists() else "no such directory"
+        raise SearchRLError(f"{folder} is not an index: {what}; {hint}")
     if not path.is_file():
         raise SearchRLError(f"{folder} is not an index: it has no {MANIFEST}; {hint}")
     try:
