@@ -6,10 +6,10 @@ are shown in percent. Runs written before a metric existed show `n/a` in its col
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from searchrl.data.textio import read_json
 from searchrl.errors import DataError, SearchRLError
 from searchrl.eval.summary import fmt_number, fmt_percent
 
@@ -38,10 +38,7 @@ def read_metrics(folder: str | Path) -> dict:
         path = path / "metrics.json"
     if not path.is_file():
         raise SearchRLError(f"{path}: no metrics.json here; give folders written by `searchrl eval run --out`")
-    try:
-        metrics = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
+    metrics = read_json(path)
     if not isinstance(metrics, dict):
         raise DataError(f"{path}: expected a JSON object of metrics")
     return metrics

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from searchrl.data.textio import iter_json_lines, json_error, read_text
+from searchrl.data.textio import iter_json_lines, read_json
 from searchrl.data.trajectory import Segment
 from searchrl.errors import DataError, DataWarning, listing
 from searchrl.eval.view_assets import CSS, JS
@@ -230,10 +230,7 @@ def load_metrics(path: Path) -> dict[str, object] | None:
     metrics_path = path.parent / "metrics.json"
     if not metrics_path.is_file():
         return None
-    try:
-        data = json.loads(read_text(metrics_path))
-    except json.JSONDecodeError as exc:
-        raise json_error(f"{metrics_path}:{exc.lineno}", exc) from None
+    data = read_json(metrics_path)
     if not isinstance(data, dict):
         raise DataError(f"{metrics_path}: expected a JSON object of metric name -> number")
     return _flatten(data)

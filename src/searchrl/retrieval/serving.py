@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 from pydantic import Field
 
 from searchrl.config import StrictModel
+from searchrl.errors import SearchRLError
 from searchrl.retrieval import local_index_dir
 from searchrl.retrieval.server import ServerLimits, create_app
 
