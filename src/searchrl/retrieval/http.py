@@ -290,7 +290,7 @@ class _Connections:
         OSError: retried) when nothing is."""
         left = deadline - time.monotonic()
         if left <= 0:
-            raise TimeoutError(f"no whole answer within {self._timeout:g} s (the client's total deadline)")
+            raise TimeoutError(f"timed out: no whole answer within {self._timeout:g} s (the client's total deadline)")
         conn.timeout = left
         if conn.sock is not None:
             conn.sock.settimeout(left)
@@ -308,6 +308,7 @@ class _Connections:
             self._time_left(conn, deadline)
             chunk = resp.read1(1 << 20)
             if not chunk:
+                resp.read()  # read1 leaves a wholly read answer open; this closes it, so the connection is reused
                 return bytes(body)
             body += chunk
             if len(body) > self._max_bytes:
