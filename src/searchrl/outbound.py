@@ -90,8 +90,9 @@ def public_addresses(host: str, port: int) -> list[str]:
     for ip in addresses:
         if reason := blocked_reason(ip):
             what = f"{host} is" if ip == host.strip("[]") else f"{host} resolves to {ip},"
+            article = "an" if reason[0] in "aeiou" else "a"
             raise OutboundRefused(
-                f"{what} a {reason} address: not fetched for a search result or a model. "
+                f"{what} {article} {reason} address: not fetched for a search result or a model. "
                 "To read intranet pages, set retrieval.web.allow_private=true (--web-allow-private)"
             )
     return addresses
@@ -106,7 +107,11 @@ def check_public_url(url: str, allow_private: bool = False) -> None:
     if not parts.hostname:
         raise OutboundRefused(f"{url}: no host to fetch from")
     if not allow_private:
-        public_addresses(parts.hostname, parts.port or (443 if parts.scheme.lower() == "https" else 80))
+        try:
+            port = parts.port or (443 if parts.scheme.lower() == "https" else 80)
+        except ValueError:
+            raise OutboundRefused(f"{url}: not a valid port") from None
+        public_addresses(parts.hostname, port)
 
 
 # ------------------------------------------------------------------------------ key policy
@@ -218,9 +223,6 @@ class _Backend(httpcore.NetworkBackend):
             except httpcore.ConnectError as exc:
                 failed = exc
         raise failed or httpcore.ConnectError(f"{host} has no address")
-
-    def connect_unix_socket(self, *args, **kwargs):
-        raise OutboundRefused("unix sockets are not used for outbound requests")
 
     def sleep(self, seconds: float) -> None:
         self.inner.sleep(seconds)

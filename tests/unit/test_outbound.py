@@ -96,7 +96,8 @@ def _url(server, name: str, path: str) -> str:
     ("http://127.0.0.1:8000/", "loopback"), ("http://10.0.0.1/", "private"), ("https://192.168.1.1/", "private"),
     ("http://169.254.169.254/latest/meta-data/", "link-local"), ("http://[::1]/", "loopback"),
     ("http://[fd12::1]/", "private"), ("http://[::ffff:10.0.0.1]/", "private"), ("http://100.64.0.1/", "CGNAT"),
-    ("http://224.0.0.1/", "multicast"), ("http://0.0.0.0/", "unspecified"), ("http://240.0.0.1/", "private"),
+    ("http://224.0.0.1/", "multicast"), ("http://0.0.0.0/", "an unspecified"), ("http://240.0.0.1/", "private|reserved"),
+    ("http://[fe80::1]/", "link-local"), ("http://localhost:99999/", "not a valid port"),
     ("file:///etc/passwd", "not file:"), ("ftp://example.org/x", "not ftp:"), ("data:text/plain,hi", "not data:"),
 ])
 def test_check_public_url_refuses_other_schemes_and_non_public_addresses(dns, url, why):

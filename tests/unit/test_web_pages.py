@@ -51,8 +51,9 @@ def test_pages_are_read_and_cut_to_the_window_that_matches_the_query(web):
 
 def test_pages_at_private_addresses_are_not_read_unless_allowed(web, monkeypatch):
     monkeypatch.setattr(pages, "_refusals_said", False)
-    with _retriever(allow_private=False) as r, pytest.warns(pages.PageRefused, match="127.0.0.1 is a loopback address"):
-        found = r.search([Q], 3)[0]
+    with _retriever(allow_private=False) as r:
+        with pytest.warns(pages.PageRefused, match="127.0.0.1 is a loopback address"):
+            found = r.search([Q], 3)[0]
         assert (r.usage()["pages"], r.usage()["page_failures"]) == (0, 3)
     assert [p.text for p in found] == [snippet.replace("<strong>", "").replace("</strong>", "") for _, snippet, _ in PAGES.values()]
     assert web.pages_read() == [] and len(web.searches()) == 1  # the provider, the user's own endpoint, was asked
