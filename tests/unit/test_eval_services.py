@@ -215,3 +215,14 @@ def test_train_with_web_search_logs_requests_cache_hits_and_cost_per_step(web, w
     assert [r["search_rate"] for r in steps] == [1.0, 1.0]
     assert [(r["web_requests"], r["web_cache_hits"], r["web_cost_usd"], r["web_pages"]) for r in steps] == [(1, 0, 0.25, 1), (0, 1, 0.0, 0)]
     assert [r["web_cost_usd_total"] for r in steps] == [0.5, 0.5]  # the preflight's search is the run's first
+
+
+@pytest.mark.parametrize(("flags", "allowed"), [([], False), (["--web-allow-private"], True)])
+def test_ask_takes_web_allow_private(monkeypatch, flags, allowed):
+    import searchrl.ask
+
+    seen = []
+    monkeypatch.setattr(searchrl.ask, "ask", lambda question, cfg, **kw: seen.append(cfg))
+    result = runner.invoke(app, ["ask", Q1, "--web", "searxng", *flags])
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert seen[0].retrieval.web.allow_private is allowed
