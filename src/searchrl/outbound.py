@@ -258,9 +258,9 @@ class _Body(httpx.SyncByteStream):
 
 class _Transport(httpx.HTTPTransport):
     def __init__(self, public_only: bool, max_bytes: int) -> None:
-        super().__init__()
+        # HTTPTransport's __init__ only builds its pool, and takes no network backend: ours is
+        # built here instead, as it would build it (httpx's default limits).
         self.max_bytes = max_bytes
-        # httpx takes no network backend: the pool it built is rebuilt with ours.
         self._pool = httpcore.ConnectionPool(
             ssl_context=httpx.create_ssl_context(), max_connections=100, max_keepalive_connections=20,
             keepalive_expiry=5.0, network_backend=_Backend(public_only),

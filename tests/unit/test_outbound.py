@@ -8,10 +8,12 @@ connection fails the test)."""
 
 from __future__ import annotations
 
+import datetime
 import doctest
 import ipaddress
 import json
 import socket
+import ssl
 import time
 
 import httpcore
@@ -158,6 +160,54 @@ def test_a_redirect_to_file_is_refused_and_a_page_fetch_falls_back(dns, internet
         with pytest.warns(pages.PageRefused, match="snippets stand in .*127.0.0.1 is a loopback address"):
             assert fetch_text(http, _url(site, "news.test", "/to-loopback"), 10_000) is None
         assert fetch_text(http, _url(site, "news.test", "/to-name"), 10_000) is None  # said once a process
+
+
+def _certificates(folder, name: str) -> tuple[str, str, str]:
+    """A test CA and a certificate for `name` signed by it: (CA file, certificate file, key file)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    def issue(subject, key, issuer, issuer_key, ca: bool):
+        now = datetime.datetime.now(datetime.timezone.utc)
+        build = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer).public_key(key.public_key())
+                 .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+                 .not_valid_after(now + datetime.timedelta(days=1))
+                 .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if not ca:
+            build = build.add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+        return build.sign(issuer_key, hashes.SHA256())
+
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "searchrl test CA")])
+    ca = issue(ca_name, ca_key, ca_name, ca_key, True)
+    cert = issue(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]), key, ca_name, ca_key, False)
+    files = [folder / "ca.pem", folder / "cert.pem", folder / "key.pem"]
+    files[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    files[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    files[2].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return tuple(str(f) for f in files)
+
+
+def test_tls_still_verifies_the_url_host_name_on_the_checked_address(dns, internet, tmp_path, monkeypatch):
+    pytest.importorskip("cryptography")
+    ca, cert, key = _certificates(tmp_path, "news.test")
+    monkeypatch.setenv("SSL_CERT_FILE", ca)  # trusted by clients made from here on
+    dns.update({"news.test": PUBLIC, "other.test": PUBLIC})
+    server = Routes({"/": (200, "over tls", "text/plain")})
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(cert, key)
+    server.httpd.socket = tls.wrap_socket(server.httpd.socket, server_side=True)
+    try:
+        with client(5, public_only=True) as http:
+            assert http.get(_url(server, "news.test", "/").replace("http:", "https:")).text == "over tls"
+            with pytest.raises(httpx.ConnectError, match="certificate verify failed"):  # the certificate is for news.test
+                http.get(_url(server, "other.test", "/").replace("http:", "https:"))
+    finally:
+        server.close()
+    assert internet == [PUBLIC, PUBLIC]  # dialled by address, verified by name
 
 
 @pytest.fixture
