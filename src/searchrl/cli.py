@@ -288,6 +288,8 @@ def index_search(
 WEB_HELP = ("retrieval.web.provider: search the web instead of an index: google, brave, serper, serpapi or searxng "
             "(keys and endpoints from env: GOOGLE_API_KEY + GOOGLE_CSE_ID, BRAVE_API_KEY, SERPER_API_KEY, SERPAPI_API_KEY, SEARXNG_URL).")
 WEB_SITE_HELP = "retrieval.web.site: restrict web results to one site, e.g. en.wikipedia.org (as the paper does)."
+WEB_PRIVATE_HELP = ("retrieval.web.allow_private=true: also read result pages at loopback, private and link-local "
+                    "addresses (an intranet SearXNG's pages); off, a result pointing there gives its snippet only.")
 
 
 @eval_app.command("run")
@@ -301,6 +303,7 @@ def eval_run(
     retriever_api: str | None = typer.Option(None, "--retriever-api", help="retrieval.api: native (default), r1searcher or search-r1."),
     web: str | None = typer.Option(None, "--web", help=WEB_HELP),
     web_site: str | None = typer.Option(None, "--web-site", help=WEB_SITE_HELP),
+    web_allow_private: bool = typer.Option(False, "--web-allow-private", help=WEB_PRIVATE_HELP),
     judge_url: str | None = typer.Option(None, "--judge-url", help="judge.url: OpenAI-compatible base URL (…/v1) of an LLM judge; adds ACC_L (key from $OPENAI_API_KEY)."),
     judge_model: str | None = typer.Option(None, "--judge-model", help="judge.model: the judge model (default gpt-4o-mini, the paper's)."),
     limit: int | None = typer.Option(None, "--limit", min=1, help="Evaluate only the first N questions."),
@@ -325,7 +328,7 @@ def eval_run(
 
     flags = {"method": method, "model": model, "rollout.backend": backend, "dataset": dataset, "retrieval.index": index,
              "retrieval.url": retriever_url, "retrieval.api": retriever_api, "retrieval.web.provider": web,
-             "retrieval.web.site": web_site, "judge.url": judge_url, "judge.model": judge_model, "limit": limit, "rollout.k": k,
+             "retrieval.web.site": web_site, "retrieval.web.allow_private": web_allow_private or None, "judge.url": judge_url, "judge.model": judge_model, "limit": limit, "rollout.k": k,
              "protocol.tags": tags, "protocol.template": template, "protocol.doc_style": doc_style,
              "rollout.max_searches": max_searches, "rollout.max_new_tokens": max_new_tokens,
              "answer_max_new_tokens": answer_max_new_tokens, "rollout.batch_size": batch_size,
@@ -388,6 +391,7 @@ def ask(
     retriever_api: str | None = typer.Option(None, "--retriever-api", help="retrieval.api: native (default), r1searcher or search-r1."),
     web: str | None = typer.Option(None, "--web", help=WEB_HELP),
     web_site: str | None = typer.Option(None, "--web-site", help=WEB_SITE_HELP),
+    web_allow_private: bool = typer.Option(False, "--web-allow-private", help=WEB_PRIVATE_HELP),
     tags: str | None = typer.Option(None, "--tags", help="protocol.tags: r1searcher (default) or search-r1 (use it with fewshot for SmolLM2-135M)."),
     template: str | None = typer.Option(None, "--template", help="protocol.template: base (default), chat, fewshot, oneshot, fewshot-chat or a file."),
     k: int | None = typer.Option(None, "-k", "--k", min=1, help="rollout.k: passages per search (default 5)."),
@@ -403,6 +407,7 @@ def ask(
 
     flags = {"model": model, "rollout.backend": backend, "retrieval.index": index, "retrieval.url": retriever_url,
              "retrieval.api": retriever_api, "retrieval.web.provider": web, "retrieval.web.site": web_site,
+             "retrieval.web.allow_private": web_allow_private or None,
              "protocol.tags": tags, "protocol.template": template, "rollout.k": k,
              "rollout.max_searches": max_searches, "rollout.max_new_tokens": max_new_tokens,
              "rollout.greedy": False if sample else None, "rollout.seed": seed}

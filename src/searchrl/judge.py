@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 from pydantic import Field
 
+from searchrl import outbound
 from searchrl.config import StrictModel
 from searchrl.llm import ChatClient, ChatError
 from searchrl.sqlcache import SqliteStore, digest
@@ -88,12 +89,13 @@ class JudgeConfig(StrictModel):
     )
     model: str = Field(DEFAULT_MODEL, description="Judge model name (paper: gpt-4o-mini).")
     api_key_env: str = Field(
-        "OPENAI_API_KEY", description="Environment variable holding the API key (keys are never written into configs).",
+        "OPENAI_API_KEY", description="Environment variable holding the API key (keys are never written into configs); it is "
+        "sent only over https to api.openai.com or to a host listed in $SEARCHRL_KEY_HOSTS.",
     )
     workers: int = Field(4, ge=1, description="Requests in flight at once: raise it for a fast local judge, lower it under a rate limit.")
     max_retries: int = Field(4, ge=0, description="Retries of a request that failed on the way (refused, 429, 5xx).")
     backoff_s: float = Field(1.0, ge=0, description="Wait before the first retry; doubled for each next one.")
-    timeout_s: float = Field(60.0, gt=0, description="Seconds one request may take.")
+    timeout_s: float = Field(60.0, gt=0, description="Seconds one request may take in all (its whole answer read).")
     cache: str | None = Field(
         None, description="SQLite file of cached verdicts, shared by runs and processes; null = $SEARCHRL_HOME/judge-cache.sqlite.",
     )
@@ -171,7 +173,7 @@ class Judge:
             self._count("cache_hits")
             return cached == "true"
         if client is None:
-            with httpx.Client(timeout=self.chat.timeout_s) as own:
+            with outbound.client(self.chat.timeout_s) as own:
                 reply = self.chat.complete(own, build_messages(item), self.max_tokens)
         else:
             reply = self.chat.complete(client, build_messages(item), self.max_tokens)
@@ -185,7 +187,7 @@ class Judge:
     def judge_many(self, items: Sequence[JudgeItem], progress: bool = False) -> list[bool | None]:
         """Verdicts in the order of `items`; the first hard error stops the batch and is raised."""
         verdicts: list[bool | None] = [None] * len(items)
-        with httpx.Client(timeout=self.chat.timeout_s) as client:
+        with outbound.client(self.chat.timeout_s) as client:
             pool = ThreadPoolExecutor(max_workers=self.workers)
             try:
                 futures = {pool.submit(self.judge_one, it, client): i for i, it in enumerate(items)}

@@ -2,6 +2,9 @@
 judge and the web page condenser both ask one. Any such server works (OpenAI, vLLM, llama.cpp,
 a loopback fake in the tests).
 
+The API key is sent only over https to api.openai.com, or to a host listed in $SEARCHRL_KEY_HOSTS
+(`searchrl.outbound.key_allowed`): a config file naming another URL gets no key.
+
 Transient failures (refused connections, 408/409/429/5xx) are retried with exponential backoff;
 a refusal (401/403), a wrong URL (404) or other 4xx stops at once with what to fix. A 200 reply
 that is not a chat completion is returned as None: the caller counts it, the run goes on.
@@ -17,6 +20,9 @@ from urllib.parse import urlparse
 import httpx
 
 from searchrl.errors import SearchRLError
+from searchrl.outbound import KEY_HOSTS_ENV, key_allowed, withheld
+
+OPENAI_HOST = "api.openai.com"
 
 # Worth retrying: rate limits, overloaded or restarting servers, gateway hiccups.
 _RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
@@ -27,7 +33,7 @@ class ChatError(SearchRLError):
 
 
 class ChatClient:
-    """One model behind one endpoint; thread-safe (share one `httpx.Client` between threads).
+    """One model behind one endpoint; thread-safe (share one `searchrl.outbound.client` between threads).
     `role` names it in errors ("the judge"); `flag` is the setting that holds the URL.
 
     >>> ChatClient("http://127.0.0.1:9/v1", "m").endpoint
@@ -50,11 +56,15 @@ class ChatClient:
         self.endpoint = f"{self.base_url}/chat/completions"
         self.model, self.key_env, self.role = model, api_key_env, role
         self.api_key = os.environ.get(api_key_env) or None
-        if not self.api_key and urlparse(self.base_url).hostname == "api.openai.com":
+        if not self.api_key and urlparse(self.base_url).hostname == OPENAI_HOST:
             raise ChatError(
                 f"{role} at {self.base_url} needs an API key: set {api_key_env}, "
                 f"or point {flag} at a local OpenAI-compatible server"
             )
+        self.withheld = bool(self.api_key) and not key_allowed(self.endpoint, {OPENAI_HOST})
+        if self.withheld:
+            withheld(role, api_key_env, self.base_url, f"only over https to {OPENAI_HOST}")
+            self.api_key = None
         self.max_retries, self.backoff_s, self.timeout_s = max_retries, backoff_s, timeout_s
         self.requests = 0  # HTTP requests sent, retries included
         self._count = threading.Lock()
@@ -89,9 +99,9 @@ class ChatClient:
 
     def _raise_for(self, resp: httpx.Response) -> None:
         if resp.status_code in (401, 403):
-            raise ChatError(
-                f"{self.role} at {self.endpoint} refused the request (HTTP {resp.status_code}); check {self.key_env}"
-            )
+            fix = (f"the key in {self.key_env} was withheld from this host: add it to {KEY_HOSTS_ENV} to send it"
+                   if self.withheld else f"check {self.key_env}")
+            raise ChatError(f"{self.role} at {self.endpoint} refused the request (HTTP {resp.status_code}); {fix}")
         if resp.status_code == 404:
             raise ChatError(
                 f"{self.endpoint} answered 404: the base URL should end where /chat/completions "

@@ -1,11 +1,13 @@
 """Loopback HTTP servers that stand in for paid services in tests: an OpenAI-compatible chat model
 (the ACC_L judge, the page condenser) and the five web search APIs with the pages their results
-link to. Each records every request it gets."""
+link to; a server of named routes (redirects), and one that dribbles its answer. Each records
+every request it gets."""
 
 from __future__ import annotations
 
 import json
 import re
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -52,13 +54,15 @@ class LoopbackServer:
                             {k.lower(): v for k, v in self.headers.items()}, body, time.monotonic())
                 with server.lock:
                     server.requests.append(seen)
-                status, content, kind = server.answer(seen)
+                status, content, kind, *extra = server.answer(seen)
                 if not isinstance(content, (str, bytes)):
                     content, kind = json.dumps(content), "application/json"
                 data = content.encode() if isinstance(content, str) else content
                 self.send_response(status)
                 self.send_header("Content-Type", kind)
                 self.send_header("Content-Length", str(len(data)))
+                for name, value in (extra[0] if extra else {}).items():
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(data)
 
@@ -69,13 +73,63 @@ class LoopbackServer:
         self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True).start()
 
-    def answer(self, seen: Seen) -> tuple[int, Any, str]:
-        """(status, body: str, bytes or a JSON-able value, content type)."""
+    def answer(self, seen: Seen) -> tuple:
+        """(status, body: str, bytes or a JSON-able value, content type[, extra headers])."""
         raise NotImplementedError
 
     def close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+class Routes(LoopbackServer):
+    """Answers each path from `routes` (path -> answer tuple as `LoopbackServer.answer`), 404 otherwise."""
+
+    def __init__(self, routes: dict[str, tuple]) -> None:
+        super().__init__()
+        self.routes = routes
+
+    def answer(self, seen: Seen) -> tuple:
+        return self.routes.get(seen.path, (404, "not found", "text/plain"))
+
+    def paths(self) -> list[str]:
+        return [r.path for r in self.requests]
+
+
+class DripServer:
+    """A raw loopback server that answers every connection with `head` (bytes), then dribbles
+    `body` one byte every `interval_s` seconds: a per-read timeout never fires."""
+
+    def __init__(self, head: bytes, body: bytes, interval_s: float = 0.2) -> None:
+        self.head, self.body, self.interval_s = head, body, interval_s
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.base = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.closed = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while not self.closed.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._drip, args=(conn,), daemon=True).start()
+
+    def _drip(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.recv(65536)
+                conn.sendall(self.head)
+                for i in range(len(self.body)):
+                    if self.closed.wait(self.interval_s):
+                        return
+                    conn.sendall(self.body[i : i + 1])
+            except OSError:  # the client hung up: what the tests want
+                return
+
+    def close(self) -> None:
+        self.closed.set()
+        self.sock.close()
 
 
 class FakeOpenAI(LoopbackServer):

@@ -53,6 +53,7 @@ def web(monkeypatch, tmp_path):
     monkeypatch.setenv("SEARXNG_URL", server.base)
     monkeypatch.setenv("SEARCHRL_HOME", str(tmp_path / "home"))  # the web and verdict caches
     monkeypatch.setenv("OPENAI_API_KEY", "sk-judge")
+    monkeypatch.setenv("SEARCHRL_KEY_HOSTS", "127.0.0.1")  # the loopback judge may get the key
     yield server
     server.close()
 
@@ -82,7 +83,8 @@ def rag(text: str) -> str:
 
 
 def _cfg(files, method, out, **kw) -> EvalConfig:
-    retrieval = {} if method == "direct" else {"web": {"provider": "searxng", "budget": {"requests_per_s": 0}}}
+    # The loopback web's pages are at 127.0.0.1: private addresses allowed.
+    retrieval = {} if method == "direct" else {"web": {"provider": "searxng", "allow_private": True, "budget": {"requests_per_s": 0}}}
     return EvalConfig(method=method, dataset=str(files / "q.jsonl"), protocol={"tags": "search-r1", "template": str(files / "prompt.txt")},
                       rollout={"k": 2}, retrieval=retrieval, out=str(files / out), **kw)
 
@@ -119,7 +121,8 @@ def _scripted_model(monkeypatch, tokenizer, policy):
 def test_cli_with_searxng_at_searxng_url(web, files, tokenizer, monkeypatch, method, policy):
     _scripted_model(monkeypatch, tokenizer, policy)
     result = runner.invoke(app, [
-        "eval", "run", "--method", method, "--web", "searxng", "--web-site", "en.wikipedia.org", "--dataset", str(files / "q.jsonl"),
+        "eval", "run", "--method", method, "--web", "searxng", "--web-site", "en.wikipedia.org", "--web-allow-private",
+        "--dataset", str(files / "q.jsonl"),
         "--tags", "search-r1", "--template", str(files / "prompt.txt"), "-k", "2",
         "--set", "retrieval.web.budget.requests_per_s=0", "--out", str(files / method), "--json"])
     assert result.exit_code == 0, (result.output, result.exception)
@@ -176,7 +179,8 @@ def test_cli_judge_flags_put_acc_l_in_metrics_json(web, files, judge, tokenizer,
 
 def test_ask_searches_the_web_and_says_what_it_cost(web, files, tokenizer):
     cfg = AskConfig(protocol={"tags": "search-r1", "template": str(files / "prompt.txt")}, rollout={"k": 1},
-                    retrieval={"web": {"provider": "searxng", "budget": {"requests_per_s": 0, "cost_per_request": 0.01}}})
+                    retrieval={"web": {"provider": "searxng", "allow_private": True,
+                                       "budget": {"requests_per_s": 0, "cost_per_request": 0.01}}})
     shown = io.StringIO()
     traj = ask(Q1, cfg, console=Console(file=shown, width=200), backend=ScriptedBackend(tokenizer, agent))
     assert traj.answer == "Tessaly" and traj.retrieved_ids == [[f"{web.base}/wiki/Quellbridge"]]
@@ -199,7 +203,8 @@ def test_train_with_web_search_logs_requests_cache_hits_and_cost_per_step(web, w
     run, config = tmp_path / "run", tmp_path / "train.yaml"
     config.write_text("model: tiny-random\n")
     result = runner.invoke(app, [
-        "train", "--config", str(config), "retrieval.web.provider=searxng", "retrieval.index=null", f"out={run}",
+        "train", "--config", str(config), "retrieval.web.provider=searxng", "retrieval.web.allow_private=true",
+        "retrieval.index=null", f"out={run}",
         "retrieval.web.budget.requests_per_s=0", "retrieval.web.budget.cost_per_request=0.25",
         f"protocol.template={world / 'prompt.txt'}", "protocol.tags=search-r1", f"stage1.dataset={tmp_path / 'one.jsonl'}",
         "stage1.steps=2", "stage2.enabled=false", "stage1.prompts_per_step=1", "stage1.samples_per_prompt=2",
@@ -210,3 +215,14 @@ def test_train_with_web_search_logs_requests_cache_hits_and_cost_per_step(web, w
     assert [r["search_rate"] for r in steps] == [1.0, 1.0]
     assert [(r["web_requests"], r["web_cache_hits"], r["web_cost_usd"], r["web_pages"]) for r in steps] == [(1, 0, 0.25, 1), (0, 1, 0.0, 0)]
     assert [r["web_cost_usd_total"] for r in steps] == [0.5, 0.5]  # the preflight's search is the run's first
+
+
+@pytest.mark.parametrize(("flags", "allowed"), [([], False), (["--web-allow-private"], True)])
+def test_ask_takes_web_allow_private(monkeypatch, flags, allowed):
+    import searchrl.ask
+
+    seen = []
+    monkeypatch.setattr(searchrl.ask, "ask", lambda question, cfg, **kw: seen.append(cfg))
+    result = runner.invoke(app, ["ask", Q1, "--web", "searxng", *flags])
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert seen[0].retrieval.web.allow_private is allowed

@@ -18,6 +18,7 @@ from searchrl.judge import Judge, JudgeError, JudgeItem, parse_verdict
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     monkeypatch.setenv("OPENAI_API_KEY", "k")
+    monkeypatch.setenv("SEARCHRL_KEY_HOSTS", "127.0.0.1")  # the loopback stand-in may get keys
     monkeypatch.setenv("SEARCHRL_HOME", str(tmp_path / "home"))  # the CLI's verdict cache
     server = FakeOpenAI()
     yield server

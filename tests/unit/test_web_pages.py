@@ -7,7 +7,7 @@ from __future__ import annotations
 import doctest
 
 import pytest
-from loopback import FakeOpenAI, FakeWeb
+from loopback import PAGES, FakeOpenAI, FakeWeb
 
 from searchrl.retrieval.web import pages
 from searchrl.retrieval.web.config import WebConfig
@@ -22,12 +22,14 @@ def web(monkeypatch, tmp_path):
     server = FakeWeb()
     monkeypatch.setenv("SEARXNG_URL", server.base)
     monkeypatch.setenv("SEARCHRL_HOME", str(tmp_path))
+    monkeypatch.setenv("SEARCHRL_KEY_HOSTS", "127.0.0.1")  # the loopback condenser may get keys
     yield server
     server.close()
 
 
 def _retriever(**kw) -> WebRetriever:
-    return WebRetriever(WebConfig(provider="searxng", budget={"requests_per_s": 0}, **kw))
+    """The loopback web's pages are at 127.0.0.1: private addresses allowed unless said otherwise."""
+    return WebRetriever(WebConfig(provider="searxng", budget={"requests_per_s": 0}, **{"allow_private": True, **kw}))
 
 
 def test_pages_are_read_and_cut_to_the_window_that_matches_the_query(web):
@@ -45,6 +47,16 @@ def test_pages_are_read_and_cut_to_the_window_that_matches_the_query(web):
         r.search(["Quellbridge market"], 3)
         assert (r.usage()["pages"], r.usage()["page_failures"]) == (0, 1)
     assert sorted(web.pages_read()) == ["/wiki/Gone", "/wiki/Gone", "/wiki/Orrin_Optics", "/wiki/Quellbridge"]
+
+
+def test_pages_at_private_addresses_are_not_read_unless_allowed(web, monkeypatch):
+    monkeypatch.setattr(pages, "_refusals_said", False)
+    with _retriever(allow_private=False) as r:
+        with pytest.warns(pages.PageRefused, match="127.0.0.1 is a loopback address"):
+            found = r.search([Q], 3)[0]
+        assert (r.usage()["pages"], r.usage()["page_failures"]) == (0, 3)
+    assert [p.text for p in found] == [snippet.replace("<strong>", "").replace("</strong>", "") for _, snippet, _ in PAGES.values()]
+    assert web.pages_read() == [] and len(web.searches()) == 1  # the provider, the user's own endpoint, was asked
 
 
 def test_a_page_that_is_not_text_gives_its_snippet(web):

@@ -31,6 +31,7 @@ def web(monkeypatch, tmp_path):
     for name in KEY_ENVS:
         monkeypatch.setenv(name, f"{name.lower()}-1")
     monkeypatch.setenv("SEARCHRL_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("SEARCHRL_KEY_HOSTS", "127.0.0.1")  # the loopback stand-in may get keys
     yield server
     server.close()
 
@@ -172,7 +173,7 @@ import json, sys
 from searchrl.retrieval.web.config import WebConfig
 from searchrl.retrieval.web.retriever import WebRetriever
 cache, run, queries = sys.argv[1], sys.argv[2], sys.argv[3:]
-cfg = WebConfig(provider="searxng", cache=cache, workers=1, budget={"requests_per_s": 0, "max_requests": 5})
+cfg = WebConfig(provider="searxng", cache=cache, workers=1, allow_private=True, budget={"requests_per_s": 0, "max_requests": 5})
 r = WebRetriever(cfg, run=run)
 try:
     found = r.search(queries, 2)

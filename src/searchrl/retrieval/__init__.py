@@ -28,19 +28,21 @@ def open_retriever(
     api: str = "native",
     retry: RetryConfig | None = None,
     settings: SearchSettings | None = None,
+    api_key_env: str | None = None,
 ) -> Retriever:
     """A `Retriever` over `source`: an `http(s)://` retrieval server URL (spoken to in `api`:
     native, r1searcher or search-r1, retried within `retry`), an index directory written by
     `searchrl index build`, or a catalog index name (`toyworld`, `localwiki`, `localwiki-dense`;
     built on first use). `api` and `retry` apply to URLs only, `settings` (nprobe, efSearch,
-    refine k-factor, FAISS on GPU) to dense indexes only."""
+    refine k-factor, FAISS on GPU) to dense indexes only; `api_key_env` (the variable holding the
+    server's bearer token) to URLs only."""
     if urlsplit(source).scheme in ("http", "https"):
         if settings is not None and settings != SearchSettings():
             raise SearchRLError(
                 f"nprobe, efSearch, k-factor or FAISS GPU search are set, but the server {source} searches; "
                 "set them there (`searchrl serve --nprobe ...`)"
             )
-        return HttpRetriever(source, api=api, retry=retry)
+        return HttpRetriever(source, api=api, retry=retry, api_key_env=api_key_env)
     # Imported when used: each index kind brings its own heavy libraries (bm25s, faiss).
     from searchrl.retrieval.index import open_index
 
@@ -85,6 +87,10 @@ class RetrievalConfig(StrictModel):
     )
     api: Literal["native", "r1searcher", "search-r1"] = Field(
         "native", description="Server API: native (/search), r1searcher (/queries), search-r1 (/retrieve)."
+    )
+    api_key_env: str | None = Field(
+        None, description="With `url`: environment variable holding the server's token, sent as `Authorization: Bearer` "
+        "(`searchrl serve --api-key-env`) only over https, to a loopback host or to a host listed in $SEARCHRL_KEY_HOSTS.",
     )
     retry: RetryConfig = Field(
         default_factory=RetryConfig,
@@ -140,4 +146,4 @@ class RetrievalConfig(StrictModel):
             return CachedRetriever(WebRetriever(self.web, run, new_run))
         cache = LocalCache(self.cache_size) if self.cache_size else None
         settings = SearchSettings(nprobe=self.nprobe, ef_search=self.ef_search, k_factor=self.k_factor, gpu=self.faiss_gpu)
-        return CachedRetriever(open_retriever(self.source, self.api, self.retry, settings), cache)
+        return CachedRetriever(open_retriever(self.source, self.api, self.retry, settings, self.api_key_env), cache)

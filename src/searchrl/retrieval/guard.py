@@ -14,25 +14,16 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 import re
 
 from pydantic_core import to_json
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from searchrl.outbound import is_loopback_host
+
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "[::1]"})
 _HOST = re.compile(r"(\[[0-9a-fA-F:.]+\]|[^:\[\]]*)(?::\d{1,5})?")
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` (a bind address or a client's address) is this machine only."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def host_allowed(header: str) -> bool:
@@ -74,7 +65,7 @@ class Guard:
             self.token is None
             and scope["method"] == "DELETE"
             and scope["path"] == "/cache"
-            and not is_loopback((scope.get("client") or ("",))[0])
+            and not is_loopback_host((scope.get("client") or ("",))[0])
         ):
             return await _refuse(
                 send,

@@ -7,13 +7,18 @@ to do.
 
 The transport is the standard library's `http.client`, not httpx: on a 64-query batch (a
 ~170 KB answer) httpx spent 1.2 ms of CPU per request against 0.4 ms here, which was a fifth of
-the whole HTTP overhead next to an in-process BM25 search (bench/retrieval.py).
+the whole HTTP overhead next to an in-process BM25 search (bench/retrieval.py). The policy of
+`searchrl.outbound` is kept by hand here: a total deadline per request (retries aside), answers
+read up to `MAX_ANSWER_BYTES`, and a bearer token (`retrieval.api_key_env`) sent only over https,
+to a loopback host or to a host listed in $SEARCHRL_KEY_HOSTS. The URL is the user's own, not a
+model's: no address policy.
 """
 
 from __future__ import annotations
 
 import hashlib
 import http.client
+import os
 import queue
 import re
 import time
@@ -25,6 +30,7 @@ from pydantic_core import from_json, to_json
 from searchrl.config import StrictModel
 from searchrl.data.types import Passage
 from searchrl.errors import RetrievalUnavailable, SearchRLError
+from searchrl.outbound import KEY_HOSTS_ENV, MAX_ANSWER_BYTES, key_allowed, withheld
 from searchrl.retrieval.base import Retriever
 
 # api name -> (endpoint path, name of the `k` field in the request)
@@ -66,7 +72,8 @@ class HttpRetriever(Retriever):
     """Search through a running retrieval server.
 
     `url` is the server root (`http://127.0.0.1:8000`) or a full endpoint URL whose path is one
-    of `/search`, `/queries`, `/retrieve` (as Search-R1 configs write it).
+    of `/search`, `/queries`, `/retrieve` (as Search-R1 configs write it). `timeout`: seconds one
+    request may take in all; `api_key_env`: variable holding the server's bearer token.
     """
 
     def __init__(
@@ -76,6 +83,8 @@ class HttpRetriever(Retriever):
         retry: RetryConfig | None = None,
         max_batch: int = 512,
         api: str = "native",
+        api_key_env: str | None = None,
+        max_bytes: int = MAX_ANSWER_BYTES,
     ) -> None:
         if api not in APIS:
             raise SearchRLError(f"unknown retrieval api {api!r}; choose one of: {', '.join(APIS)}")
@@ -93,8 +102,23 @@ class HttpRetriever(Retriever):
         self.api = api
         self.retry = retry or RetryConfig()
         self.max_batch = max_batch
-        self._pool = _Connections(urlsplit(self.url), timeout)
+        self._key_env = api_key_env
+        self._pool = _Connections(urlsplit(self.url), timeout, max_bytes, self._auth(api_key_env))
         self._health_path = urlsplit(self.url).path[: -len(path)] + "/health"
+
+    def _auth(self, env: str | None) -> dict[str, str]:
+        if env is None:
+            return {}
+        token = os.environ.get(env, "").strip()
+        if not token:
+            raise SearchRLError(
+                f"retrieval.api_key_env names {env}, which is not set: export {env}=TOKEN "
+                "(the token the server was started with, `searchrl serve --api-key-env`)"
+            )
+        if not key_allowed(self.url, user_server=True):
+            withheld("the retrieval client", env, self.url, "only to a loopback host or one listed")
+            return {}
+        return {"Authorization": f"Bearer {token}"}
 
     def check(self) -> None:
         """One GET of the server's /health: any HTTP answer means a server listens (the
@@ -138,6 +162,13 @@ class HttpRetriever(Retriever):
             if status >= 500:
                 last = f"HTTP {status}: {_detail(content)}"
                 continue
+            if status in (401, 403):
+                raise SearchRLError(
+                    f"retrieval server {self.url} refused the request (HTTP {status}: {_detail(content)}); "
+                    + (f"check the token in {self._key_env} (retrieval.api_key_env)" if self._pool.auth else
+                       f"set retrieval.api_key_env to the variable holding its token (over http to a host that is "
+                       f"not loopback, add the host to {KEY_HOSTS_ENV})")
+                )
             if status >= 400:
                 raise SearchRLError(
                     f"retrieval server {self.url} rejected the request (HTTP {status}): {_detail(content)}"
@@ -206,11 +237,12 @@ class _Connections:
         ConnectionAbortedError,
     )
 
-    def __init__(self, url: SplitResult, timeout: float) -> None:
+    def __init__(self, url: SplitResult, timeout: float, max_bytes: int, auth: dict[str, str]) -> None:
         self._cls = (
             http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
         )
-        self._host, self._port, self._timeout = url.hostname, url.port, timeout
+        self._host, self._port, self._timeout, self._max_bytes = url.hostname, url.port, timeout, max_bytes
+        self.auth = auth
         self._path = (url.path or "/") + (f"?{url.query}" if url.query else "")
         self._idle: queue.SimpleQueue = queue.SimpleQueue()
 
@@ -223,15 +255,22 @@ class _Connections:
         return self._send("GET", path, None, {})
 
     def _send(self, method: str, path: str, body: bytes | None, headers: dict) -> tuple[int, bytes]:
+        deadline = time.monotonic() + self._timeout
         while True:
             try:
                 conn, reused = self._idle.get_nowait(), True
             except queue.Empty:
                 conn, reused = self._cls(self._host, self._port, timeout=self._timeout), False
             try:
-                conn.request(method, path, body, headers)
+                self._time_left(conn, deadline)
+                conn.request(method, path, body, {**headers, **self.auth})
+                self._time_left(conn, deadline)  # headers are read under one socket timeout per read
                 resp = conn.getresponse()
-                content = resp.read()
+                content = self._read(conn, resp, deadline)
+            except TimeoutError:
+                conn.close()
+                self._time_left(conn, deadline)  # the deadline's own message once it has passed
+                raise
             except self._STALE:
                 conn.close()
                 if reused:
@@ -245,6 +284,35 @@ class _Connections:
             else:
                 self._idle.put(conn)
             return resp.status, content
+
+    def _time_left(self, conn: http.client.HTTPConnection, deadline: float) -> None:
+        """Give the next socket operations of `conn` what is left of the deadline; TimeoutError (an
+        OSError: retried) when nothing is."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"timed out: no whole answer within {self._timeout:g} s (the client's total deadline)")
+        conn.timeout = left
+        if conn.sock is not None:
+            conn.sock.settimeout(left)
+
+    def _read(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, deadline: float) -> bytes:
+        """The body, read by the deadline (one recv per step) and at most `max_bytes` of it."""
+        too_big = SearchRLError(
+            f"retrieval server {self._host}:{self._port} answered more than {self._max_bytes} bytes; "
+            "send smaller batches (fewer queries or a smaller k)"
+        )
+        if resp.length is not None and resp.length > self._max_bytes:
+            raise too_big
+        body = bytearray()
+        while True:
+            self._time_left(conn, deadline)
+            chunk = resp.read1(1 << 20)
+            if not chunk:
+                resp.read()  # read1 leaves a wholly read answer open; this closes it, so the connection is reused
+                return bytes(body)
+            body += chunk
+            if len(body) > self._max_bytes:
+                raise too_big
 
     def close(self) -> None:
         while True:

@@ -57,7 +57,8 @@ from searchrl.data.types import Passage
 from searchrl.errors import SearchRLError
 from searchrl.retrieval.base import Retriever
 from searchrl.retrieval.batching import BatchingRetriever
-from searchrl.retrieval.guard import Guard, is_loopback
+from searchrl.outbound import is_loopback_host
+from searchrl.retrieval.guard import Guard
 from searchrl.retrieval.querycache import CachedRetriever, LocalCache, SharedCache
 from searchrl.retrieval.serverstats import CountedIndex, ServerStats
 
@@ -163,7 +164,7 @@ def create_app(
         openapi_url="/openapi.json" if docs else None,
         redoc_url=None,
     )
-    loopback_only = host is not None and is_loopback(host)
+    loopback_only = host is not None and is_loopback_host(host)
     app.add_middleware(
         Guard, max_body=limits.max_body_bytes(), token=api_key, loopback_only=loopback_only
     )

@@ -65,7 +65,12 @@ class WebConfig(StrictModel):
         "null = $SEARCHRL_HOME/web-cache.sqlite.",
     )
     workers: int = Field(8, ge=1, description="Searches and page fetches in flight at once.")
-    timeout_s: float = Field(20.0, gt=0, description="Seconds one search request or page fetch may take.")
+    timeout_s: float = Field(20.0, gt=0, description="Seconds one search request or page fetch may take in all (redirects and body included).")
+    allow_private: bool = Field(
+        False, description="Fetch result pages at loopback, private and link-local addresses too (an intranet SearXNG's "
+        "pages; `--web-allow-private`). Off, such pages are not read and their snippet stands in: a result or a redirect "
+        "could point at this machine, the LAN or the cloud metadata service.",
+    )
     max_page_bytes: int = Field(2_000_000, ge=1000, description="Bytes of a page read at most.")
     retry: RetryConfig = Field(
         default_factory=lambda: RetryConfig(total_s=120.0),

@@ -8,11 +8,14 @@ LLM. `LLMCondenser` asks an OpenAI-compatible model instead, as the paper does (
 from __future__ import annotations
 
 import re
+import warnings
 from html.parser import HTMLParser
 
 import httpx
 
+from searchrl.errors import DataWarning
 from searchrl.llm import ChatClient
+from searchrl.outbound import OutboundRefused
 
 # Content that is never the page's text.
 _SKIP = frozenset({"script", "style", "noscript", "svg", "nav", "header", "footer", "aside", "form", "button",
@@ -77,9 +80,14 @@ def html_paragraphs(page: str) -> list[str]:
     return parser.paragraphs
 
 
+class PageRefused(DataWarning):
+    """A result's page was not fetched: the address policy refused its URL or a redirect."""
+
+
 def fetch_text(client: httpx.Client, url: str, max_bytes: int) -> str | None:
     """The text of the page at `url` (paragraphs on lines), at most `max_bytes` of it read; None
-    when it cannot be read (an error status, a PDF, a timeout): the caller falls back to the snippet."""
+    when it cannot be read (an error status, a PDF, a timeout, an address the policy refuses):
+    the caller falls back to the snippet."""
     try:
         with client.stream("GET", url) as resp:
             kind = resp.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -91,10 +99,25 @@ def fetch_text(client: httpx.Client, url: str, max_bytes: int) -> str | None:
                 if len(body) >= max_bytes:
                     break
             text = bytes(body[:max_bytes]).decode(resp.encoding or "utf-8", errors="replace")
+    except OutboundRefused as exc:
+        _say_refused(exc)
+        return None
     except (httpx.HTTPError, OSError, LookupError):
         return None
     paragraphs = [" ".join(p.split()) for p in text.splitlines()] if kind == "text/plain" else html_paragraphs(text)
     return "\n".join(p for p in paragraphs if p) or None
+
+
+_refusals_said = False
+
+
+def _say_refused(exc: OutboundRefused) -> None:
+    # Once a process: every result of an intranet search would repeat it.
+    global _refusals_said
+    if not _refusals_said:
+        _refusals_said = True
+        warnings.warn(PageRefused(f"result pages the address policy refuses are not read, their snippets stand in (first: {exc})"),
+                      stacklevel=3)
 
 
 def _terms(text: str) -> set[str]:

@@ -4,7 +4,8 @@ environment variables that hold its key and endpoint, its default price and pace
 Keys come only from the environment (never from a config file, which is copied into every run
 directory); a variable may hold several keys separated by commas, used in turn. Every endpoint
 can be moved with `{NAME}_URL` (or `retrieval.web.url`), which is how the tests point each
-provider at a loopback server.
+provider at a loopback server; keys go only over https to the provider's own host (that of its
+default endpoint) or to a host listed in $SEARCHRL_KEY_HOSTS (`searchrl.outbound.key_allowed`).
 
 Default prices (USD per request), from the providers' public pricing pages as read in 2026 —
 check your plan and set `retrieval.web.budget.cost_per_request` when it differs:
@@ -23,8 +24,10 @@ import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
 from searchrl.errors import SearchRLError
+from searchrl.outbound import key_allowed, withheld
 from searchrl.registry import Registry
 
 PROVIDERS: Registry[type[Provider]] = Registry("web search provider")
@@ -71,10 +74,16 @@ class Provider(ABC):
         return f"{self.name.upper()}_URL"
 
     def keys(self) -> list[str | None]:
-        """The keys to rotate through; [None] for a provider without keys."""
+        """The keys to rotate through; [None] for a provider without keys, or when the key policy
+        withholds them from this endpoint (said once, as a warning)."""
         if self.key_env is None:
             return [None]
         keys = [k.strip() for k in os.environ.get(self.key_env, "").split(",") if k.strip()]
+        own = urlsplit(self.default_url or "").hostname
+        if not key_allowed(self.url, {own} if own else ()):
+            if keys:
+                withheld(f"web search provider {self.name}", self.key_env, self.url, f"only over https to {own}")
+            return [None]
         if not keys:
             raise SearchRLError(
                 f"web search provider {self.name} needs an API key: set {self.key_env} (several keys: comma-separated, used in turn)"
@@ -144,7 +153,7 @@ class Brave(Provider):
     fields = ("url", "title", "description")
 
     def call(self, query: str, key: str | None) -> HttpCall:
-        headers = {"X-Subscription-Token": key or "", "Accept": "application/json"}
+        headers = {"Accept": "application/json", **({"X-Subscription-Token": key} if key else {})}
         return HttpCall("GET", self.url, params={"q": query, "count": NUM_RESULTS}, headers=headers)
 
 
@@ -157,7 +166,7 @@ class Serper(Provider):
     default_url, results_key = "https://google.serper.dev/search", "organic"
 
     def call(self, query: str, key: str | None) -> HttpCall:
-        return HttpCall("POST", self.url, headers={"X-API-KEY": key or ""}, json={"q": query, "num": NUM_RESULTS})
+        return HttpCall("POST", self.url, headers={"X-API-KEY": key} if key else {}, json={"q": query, "num": NUM_RESULTS})
 
 
 

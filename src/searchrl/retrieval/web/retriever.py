@@ -4,6 +4,10 @@ A search goes cache -> budget (caps, pace) -> provider, with the keys in turn: a
 refused or out of quota is set aside and the next one tried; rate limits and server errors are
 retried with backoff (`retrieval.web.retry`). Results, page texts and condensed passages are
 cached in one SQLite file shared by all processes and runs, so a repeated query costs nothing.
+
+The provider and the condenser are spoken to by one client, the result pages fetched by another
+under the address policy (`searchrl.outbound`): a result or a redirect pointing at this machine,
+the LAN or the metadata service is not read unless `retrieval.web.allow_private`.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
+from searchrl import outbound
 from searchrl.data.types import Passage
 from searchrl.errors import SearchRLError
 from searchrl.retrieval.base import Retriever
@@ -44,7 +49,9 @@ class WebRetriever(Retriever):
                              1.0 / rate if rate > 0 else 0.0, cfg.budget.max_requests, cfg.budget.max_cost_usd)
         if new_run:
             self.budget.reset()
-        self.http = httpx.Client(timeout=cfg.timeout_s, follow_redirects=True, headers={"User-Agent": USER_AGENT})
+        self.http = outbound.client(cfg.timeout_s, headers={"User-Agent": USER_AGENT})
+        self.pages = outbound.client(cfg.timeout_s, cfg.max_page_bytes, public_only=not cfg.allow_private,
+                                     follow_redirects=True, headers={"User-Agent": USER_AGENT})
         self.pool = ThreadPoolExecutor(cfg.workers)
         self.condenser = None
         if cfg.condense.method == "llm":
@@ -73,6 +80,7 @@ class WebRetriever(Retriever):
     def close(self) -> None:
         self.pool.shutdown(wait=True)
         self.http.close()
+        self.pages.close()
         self.store.close()
 
     # -------------------------------------------------------------------------------- searching
@@ -95,7 +103,8 @@ class WebRetriever(Retriever):
             api_key = self.keys.next()
             call = self.provider.call(query, api_key)
             try:
-                resp = self.http.request(call.method, call.url, params=call.params or None, headers=call.headers, json=call.json)
+                params = {k: v for k, v in call.params.items() if v is not None}  # a withheld key is left out
+                resp = self.http.request(call.method, call.url, params=params or None, headers=call.headers, json=call.json)
                 status, text = resp.status_code, resp.text
             except httpx.HTTPError as exc:
                 status, text = 0, f"{type(exc).__name__}: {exc}"
@@ -125,6 +134,11 @@ class WebRetriever(Retriever):
         env, name = self.provider.key_env, self.provider.name
         if env is None:
             raise SearchRLError(f"{name} at {self.provider.url} refused the search ({last}); {self.provider.refused_hint()}")
+        if api_key is None:
+            raise SearchRLError(
+                f"{name} at {self.provider.url} refused the search ({last}); the key in {env} was withheld from this host: "
+                f"add it to {outbound.KEY_HOSTS_ENV} to send it"
+            )
         if self.keys.drop(api_key):
             return
         if verdict == "exhausted":
@@ -150,7 +164,7 @@ class WebRetriever(Retriever):
         cached = self.store.get("page", url)
         if cached is not None:
             return cached
-        text = fetch_text(self.http, url, self.cfg.max_page_bytes)
+        text = fetch_text(self.pages, url, self.cfg.max_page_bytes)
         if text is None:  # not cached: the page may be readable next time
             self.budget.add(page_failures=1)
             return None
