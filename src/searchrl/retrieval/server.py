@@ -55,9 +55,9 @@ from pydantic_core import to_json
 from searchrl.config import StrictModel
 from searchrl.data.types import Passage
 from searchrl.errors import SearchRLError
+from searchrl.outbound import is_loopback_host
 from searchrl.retrieval.base import Retriever
 from searchrl.retrieval.batching import BatchingRetriever
-from searchrl.outbound import is_loopback_host
 from searchrl.retrieval.guard import Guard
 from searchrl.retrieval.querycache import CachedRetriever, LocalCache, SharedCache
 from searchrl.retrieval.serverstats import CountedIndex, ServerStats
