@@ -682,3 +682,19 @@ def test_serve_command_rejects_a_missing_index_directory(tmp_path):
     result = CliRunner().invoke(app, ["serve", "--index", str(tmp_path / "missing")])
     assert result.exit_code != 0
     assert "does not exist" in str(result.exception)
+
+
+@pytest.mark.parametrize("api", ["native", "r1searcher", "search-r1"])
+def test_client_with_the_token_searches_a_locked_server_and_without_it_is_told_what_to_set(retriever, monkeypatch, api):
+    app = create_app(retriever, api_key=TOKEN, host="127.0.0.1")
+    path = {"native": "", "r1searcher": "/queries", "search-r1": "/retrieve"}[api]
+    with running(app) as url:
+        monkeypatch.setenv("SEARCHRL_TEST_RETRIEVAL_TOKEN", TOKEN)
+        with HttpRetriever(url + path, api=api, api_key_env="SEARCHRL_TEST_RETRIEVAL_TOKEN") as http:
+            http.check()
+            assert [p.id for p in http.search(["capital of France"], k=1)[0]] == ["p0"]
+        monkeypatch.setenv("SEARCHRL_TEST_RETRIEVAL_TOKEN", "wrong")
+        with HttpRetriever(url + path, api=api, api_key_env="SEARCHRL_TEST_RETRIEVAL_TOKEN") as http:
+            with pytest.raises(SearchRLError, match="401") as err:
+                http.search(["capital of France"], k=1)
+            assert not isinstance(err.value, RetrievalUnavailable)  # a refusal is not an outage: no retries
