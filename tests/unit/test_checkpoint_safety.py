@@ -140,7 +140,7 @@ def test_a_checkpoint_without_its_checksums_is_refused_unless_trusted(world, two
 
     found, state = rundir.newest_intact_checkpoint(run, trust_unverified=True)
     assert (found, state.step) == (folder, 2)
-    assert f"resuming from {folder} unverified (--trust-unverified): it has no {CHECKSUMS}" in capsys.readouterr().err
+    assert f"using checkpoint {folder} unverified (--trust-unverified): it has no {CHECKSUMS}" in capsys.readouterr().err
 
 
 def test_a_finished_run_whose_final_checkpoint_is_corrupt_is_not_declared_complete(world, tmp_path):
@@ -185,11 +185,11 @@ def test_a_legacy_checkpoint_resumes_only_when_trusted_and_then_equals_an_uninte
         _make_legacy(folder)
     legacy = old / "checkpoints" / "step_0002"
 
-    with pytest.raises(SearchRLError, match=rf"checkpoint {legacy} was written by an older searchrl: its trainer_state.pt is a pickle .*--trust-unverified"):
+    with pytest.raises(SearchRLError, match=rf"checkpoint {legacy} was written by an older searchrl: its trainer_state.pt is a pickle .*--trust-unverified .*model={legacy}\)$"):
         trainer.train(_cfg(world, old, "stage2.enabled=false"), resume=old)
     result = CliRunner().invoke(app, ["train", "--resume", str(old), "--trust-unverified", "debug_crash_after_step=null"])
     assert result.exit_code == 0, result.output
-    assert f"resuming from {legacy} unverified (--trust-unverified)" in result.output
+    assert f"using checkpoint {legacy} unverified (--trust-unverified)" in result.output
 
     _assert_same_metrics(_learning(full), _learning(old))
     start = test_trainer._weights(Path(resolve_model("tiny-random")))

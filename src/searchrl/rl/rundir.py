@@ -170,19 +170,21 @@ def _intact_state(folder: Path, trust_unverified: bool) -> ckpt.TrainerState:
 def _check_files(folder: Path, trust_unverified: bool) -> str | None:
     """What is wrong with `folder`'s files (None: nothing). One whose files cannot all be checked
     is refused (`UnverifiedCheckpoint`), or with `trust_unverified` checked as far as it can be."""
-    if not (folder / CHECKSUMS).is_file():
-        why = f"has no {CHECKSUMS} (it was deleted, or an older searchrl wrote the checkpoint)"
-    elif ckpt.is_legacy(folder):
-        why = f"was written by an older searchrl: its {ckpt.LEGACY_STATE_FILE} is a pickle that {CHECKSUMS} does not cover"
+    if ckpt.is_legacy(folder):
+        why = f"was written by an older searchrl: its {ckpt.LEGACY_STATE_FILE} is a pickle that no {CHECKSUMS} covers"
+        other = f"start a new run from its weights (model={folder})"
+    elif not (folder / CHECKSUMS).is_file():
+        why = f"has no {CHECKSUMS} (it was deleted, or the checkpoint copied without it)"
+        other = f"move {folder} aside to resume from an older checkpoint"
     else:
         return verify_checksums(folder)
     if not trust_unverified:
         raise UnverifiedCheckpoint(
             f"cannot resume {folder.parent.parent}: checkpoint {folder} {why}, so a corrupted or altered file would go "
             f"unnoticed; if you trust where this run directory came from, resume with --trust-unverified (its files are "
-            f"still read without running code), or move {folder} aside to resume from an older checkpoint"
+            f"still read without running code), or {other}"
         )
-    _warn(f"warning: resuming from {folder} unverified (--trust-unverified): it {why}")
+    _warn(f"warning: using checkpoint {folder} unverified (--trust-unverified): it {why}")
     return verify_checksums(folder) if (folder / CHECKSUMS).is_file() else None
 
 

@@ -13,6 +13,7 @@ loading a checkpoint from elsewhere runs no code.
 
 from __future__ import annotations
 
+import importlib
 import io
 import pickle
 from pathlib import Path
@@ -101,12 +102,12 @@ _METADATA_GLOBALS = {("torch", "Size"), ("torch.serialization", "_get_layout"), 
 
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
-        found = super().find_class(module, name) if module == _METADATA_MODULE or (module, name) in _METADATA_GLOBALS else None
-        if found is None and module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            found = getattr(torch, name)
-        if found is None:
-            raise pickle.UnpicklingError(f"{module}.{name} is not a type a DCP checkpoint's metadata holds")
-        return found
+        if (module, name) in _METADATA_GLOBALS:
+            return super().find_class(module, name)
+        found = getattr(importlib.import_module(module), name, None) if module in (_METADATA_MODULE, "torch") else None
+        if isinstance(found, torch.dtype) or (isinstance(found, type) and found.__module__ == _METADATA_MODULE):
+            return found  # a dtype, or a class DCP's metadata module defines (not one it imports)
+        raise pickle.UnpicklingError(f"{module}.{name} is not a type a DCP checkpoint's metadata holds")
 
 
 class _SafeReader(FileSystemReader):
