@@ -199,6 +199,29 @@ def test_a_legacy_checkpoint_resumes_only_when_trusted_and_then_equals_an_uninte
     assert (old / "checkpoints" / "step_0003" / ckpt.STATE_FILE).is_file()  # new checkpoints: the new format
 
 
+def test_a_legacy_stage_end_is_checked_by_its_checksums_without_trust(two_steps, tmp_path):
+    run = _copy(two_steps, tmp_path)
+    first, second = run / "checkpoints" / "step_0001", run / "checkpoints" / "step_0002"
+    _make_legacy(first)  # a stage that ended at step 1, before the upgrade: only its weights are read
+    state = json.loads((second / ckpt.STATE_FILE).read_text())
+    (second / ckpt.STATE_FILE).write_text(json.dumps({**state, "stage_ends": {"1": first.name}}))
+    write_checksums(second)
+    folder, resumed = rundir.newest_intact_checkpoint(run)
+    assert (folder, resumed.stage_ends) == (second, {1: first.name})
+    _flip(first / "model.safetensors", (first / "model.safetensors").stat().st_size - 5)
+    with pytest.raises(rundir.UnverifiedCheckpoint, match=f"checkpoint {first} was written by an older searchrl"):
+        rundir.newest_intact_checkpoint(run)  # step 2 builds on a corrupt stage end; step 1 itself is legacy
+
+
+def test_a_legacy_rank_rng_file_is_read_without_pickle_code(tmp_path):
+    legacy = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    torch.save(legacy, ckpt.rank_rng_file(tmp_path, 1, ".pt"))  # a torchrun rank's file, as it was written
+    drawn = (random.random(), float(np.random.rand()), torch.rand(3))
+    ckpt.set_rng_state(ckpt.load_rng(tmp_path, ckpt.TrainerState([1], 1, 0, 0, 0, 0, {}, False), 1))
+    again = (random.random(), float(np.random.rand()), torch.rand(3))
+    assert drawn[:2] == again[:2] and torch.equal(drawn[2], again[2])
+
+
 def test_a_hostile_legacy_pickle_runs_no_code_even_when_trusted(two_steps, tmp_path, capsys):
     run = _copy(two_steps, tmp_path)
     marker = tmp_path / "pwned"

@@ -161,16 +161,18 @@ def _intact_state(folder: Path, trust_unverified: bool) -> ckpt.TrainerState:
     state = ckpt.load_state(folder)  # after the check: a damaged file is never parsed
     for name in set(state.stage_ends.values()) - {folder.name}:
         end = folder.parent / name
-        problem = _check_files(end, trust_unverified) if end.is_dir() else "it is missing"
+        problem = _check_files(end, trust_unverified, reads_state=False) if end.is_dir() else "it is missing"
         if problem:
             raise SearchRLError(f"the stage-end checkpoint it builds on, {name}, is corrupt: {problem}")
     return state
 
 
-def _check_files(folder: Path, trust_unverified: bool) -> str | None:
+def _check_files(folder: Path, trust_unverified: bool, reads_state: bool = True) -> str | None:
     """What is wrong with `folder`'s files (None: nothing). One whose files cannot all be checked
-    is refused (`UnverifiedCheckpoint`), or with `trust_unverified` checked as far as it can be."""
-    if ckpt.is_legacy(folder):
+    is refused (`UnverifiedCheckpoint`), or with `trust_unverified` checked as far as it can be.
+    `reads_state=False`: only its model is used (a stage's start), which a legacy checkpoint's
+    checksums do cover."""
+    if reads_state and ckpt.is_legacy(folder):
         why = f"was written by an older searchrl: its {ckpt.LEGACY_STATE_FILE} is a pickle that no {CHECKSUMS} covers"
         other = f"start a new run from its weights (model={folder})"
     elif not (folder / CHECKSUMS).is_file():
