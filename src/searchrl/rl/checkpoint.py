@@ -31,7 +31,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from numpy._core.multiarray import _reconstruct
 
 from searchrl.errors import SearchRLError
 from searchrl.rl.distributed import LOCAL, Dist
@@ -239,6 +238,7 @@ def _read_json(path: Path):
 
 
 # A legacy state holds numpy RNG arrays beside tensors and plain values: these types, no others.
+_reconstruct = np.empty(0).__reduce__()[0]  # numpy's array rebuilder, wherever this numpy keeps it
 _LEGACY_TYPES = [np.dtype, np.ndarray, type(np.dtype(np.uint32)), _reconstruct,
                  (_reconstruct, "numpy.core.multiarray._reconstruct")]  # its name when numpy 1 pickled it
 

@@ -7,8 +7,8 @@ train one run (torchrun ranks), one of them (rank 0) takes the lock for all.
 Resuming continues after the newest *intact* checkpoint (its checksums match and its state
 loads); newer, corrupt ones are skipped with a warning. A checkpoint whose files cannot all be
 checked (no `checksums.json`, or an older searchrl's pickled `trainer_state.pt`, which its
-checksums do not cover) stops the resume unless the user passes `--trust-unverified`. A run stopped before its first checkpoint
-restarts from step 0. A resume may not renumber steps already taken: a finished stage keeps its
+checksums do not cover) stops the resume unless the user passes `--trust-unverified`. A run
+stopped before its first checkpoint restarts from step 0. A resume may not renumber steps already taken: a finished stage keeps its
 length, and the current stage may grow but not shrink below where it stands.
 """
 
