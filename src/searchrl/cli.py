@@ -422,11 +422,12 @@ def train(
     stage: int | None = typer.Option(None, "--stage", min=1, max=2, help="Run only this stage (2 alone: set model= to a Stage-1 checkpoint). Default: both."),
     resume: str | None = typer.Option(None, "--resume", help="Run directory to continue from its newest complete checkpoint (uses its config.yaml)."),
     out: str | None = typer.Option(None, "--out", help="Run directory (default: the config's `out`, else runs/train-TIMESTAMP)."),
+    trust_unverified: bool = typer.Option(False, "--trust-unverified", help="With --resume: accept a checkpoint whose files cannot be checked (no checksums.json, or an older searchrl's trainer_state.pt). Only for run directories you trust."),
 ) -> None:
     """Two-stage outcome-based RL (R1-Searcher): Stage 1 learns to search, Stage 2 to use results."""
     from searchrl.rl.trainer import train_command
 
-    train_command(config, list(overrides or []), stage, resume, out)
+    train_command(config, list(overrides or []), stage, resume, out, trust_unverified)
 
 
 @app.command()

@@ -30,8 +30,7 @@ def world(tmp_path_factory) -> Path:
     return root
 
 
-@pytest.fixture
-def varied_rewards(monkeypatch):
+def vary_rewards(monkeypatch: pytest.MonkeyPatch) -> None:
     """A random model never searches or answers, so every group's reward is flat and nothing
     would train; add a deterministic function of the sampled tokens to get a real signal."""
     real = step.compute_reward
@@ -41,3 +40,9 @@ def varied_rewards(monkeypatch):
         return dataclasses.replace(r, total=r.total + (sum(traj.token_ids) % 7) / 7)
 
     monkeypatch.setattr(step, "compute_reward", reward)
+
+
+@pytest.fixture
+def varied_rewards(monkeypatch):
+    """`vary_rewards` for one test."""
+    vary_rewards(monkeypatch)

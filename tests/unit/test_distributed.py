@@ -116,7 +116,7 @@ def test_a_killed_two_process_run_resumes_to_the_uninterrupted_end_state(world, 
     args = [*_args(world), "--out", str(run)]
     proc = subprocess.Popen(_command(2, *args), env={**os.environ, "DUMP_DIR": str(tmp_path)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    first = run / "checkpoints" / "step_0001" / "trainer_state.pt"
+    first = run / "checkpoints" / "step_0001" / "trainer_state.json"
     deadline = time.monotonic() + 300
     while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)

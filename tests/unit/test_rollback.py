@@ -78,7 +78,7 @@ def test_rollbacks_spent_stop_the_run(world, tmp_path, varied_rewards, monkeypat
 def test_pruning_keeps_the_checkpoint_a_rollback_needs(tmp_path):
     for step in (1, 2, 3, 4):
         (tmp_path / "checkpoints" / f"step_{step:04d}").mkdir(parents=True)
-        (tmp_path / "checkpoints" / f"step_{step:04d}" / "trainer_state.pt").write_bytes(b"")
+        (tmp_path / "checkpoints" / f"step_{step:04d}" / "trainer_state.json").write_bytes(b"")
     assert protected_for_rollback(tmp_path, 4, 3) == {"step_0002", "step_0003", "step_0004"}
     assert protected_for_rollback(tmp_path, 4, 9) == {"step_0001", "step_0002", "step_0003", "step_0004"}
     assert protected_for_rollback(tmp_path, 4, None) == set()

@@ -22,6 +22,7 @@ from searchrl.errors import SearchRLError
 from searchrl.rl import checkpoint as ckpt
 from searchrl.rl import rundir, step, trainer
 from searchrl.rl.config import TrainConfig
+from searchrl.runlock import LOCK_FILE, RunLock
 from searchrl.runlog import read_metrics
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -49,7 +50,7 @@ def test_a_second_trainer_on_a_run_dir_fails_fast_naming_the_owner(world, tmp_pa
     run = trainer.train(_cfg(world, tmp_path / "run", "stage1.steps=1", "stage2.enabled=false"))
     before = (run / "metrics.jsonl").read_text()
     owner = f"in use by another searchrl process (PID {os.getpid()} on host"
-    with rundir.RunLock(run):  # this process is now the first trainer, still running
+    with RunLock(run):  # this process is now the first trainer, still running
         start = time.monotonic()
         second = subprocess.run(
             [sys.executable, "-m", "searchrl.cli", "train", "--resume", str(run)],
@@ -62,20 +63,20 @@ def test_a_second_trainer_on_a_run_dir_fails_fast_naming_the_owner(world, tmp_pa
     assert owner in " ".join(second.stderr.split()), second.stderr  # the CLI wraps lines
     assert elapsed < 60  # Python and torch imports; no model load, no step
     assert (run / "metrics.jsonl").read_text() == before
-    assert (run / rundir.LOCK_FILE).read_text() == ""  # released on exit
+    assert (run / LOCK_FILE).read_text() == ""  # released on exit
 
 
 def test_a_lock_left_by_a_killed_process_is_taken_over(tmp_path, capsys):
     run = tmp_path / "run"
-    holder = _python(f"from searchrl.rl.rundir import RunLock; lock = RunLock({str(run)!r}).__enter__(); print('locked', flush=True); "
+    holder = _python(f"from searchrl.runlock import RunLock; lock = RunLock({str(run)!r}).__enter__(); print('locked', flush=True); "
                      "import time; time.sleep(300)")
     assert holder.stdout.readline().strip() == "locked"
     with pytest.raises(SearchRLError, match=f"PID {holder.pid} on host"):
-        rundir.RunLock(run).__enter__()
+        RunLock(run).__enter__()
     holder.kill()  # SIGKILL: the owner never releases its lock
     holder.wait()
-    with rundir.RunLock(run):
-        assert f'"pid": {os.getpid()}' in (run / rundir.LOCK_FILE).read_text()
+    with RunLock(run):
+        assert f'"pid": {os.getpid()}' in (run / LOCK_FILE).read_text()
     err = capsys.readouterr().err
     assert f"taking over {run} from PID {holder.pid} on host" in err and "ended without releasing it" in err
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from searchrl.assets import resolve_model
 from searchrl.cli import app
 from searchrl.config import load_config
 from searchrl.data.trajectory import Segment, Trajectory
@@ -62,6 +63,11 @@ def _weights(folder: Path) -> dict[str, torch.Tensor]:
     return load_file(folder / "model.safetensors")
 
 
+def max_change(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """The largest change of any weight between two `_weights` of one model."""
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
 def test_resume_after_crash_equals_uninterrupted_run(world, tmp_path, varied_rewards):
     full = trainer.train(load_config(TrainConfig, None, _overrides(world, tmp_path / "full")))
 
@@ -71,6 +77,7 @@ def test_resume_after_crash_equals_uninterrupted_run(world, tmp_path, varied_rew
         trainer.train(cfg)
     assert len(read_metrics(crashed)) == 3  # step 3 was logged, but its checkpoint never came
     assert latest_checkpoint(crashed).name == "step_0002"  # mid-Stage 1: optimizer state matters
+    resumed_from = _weights(crashed / "checkpoints" / "step_0002")
     (crashed / "checkpoints" / ".step_0003.tmp-dead").mkdir()  # a half-written checkpoint: ignored
     result = CliRunner().invoke(app, ["train", "--resume", str(crashed), "debug_crash_after_step=null"])
     assert result.exit_code == 0, result.output
@@ -94,6 +101,10 @@ def test_resume_after_crash_equals_uninterrupted_run(world, tmp_path, varied_rew
     assert a[3]["kl"] == 0  # Stage 2 starts a new reference: the Stage-1 weights
     wa, wb = _weights(full / "checkpoints" / "step_0004"), _weights(crashed / "checkpoints" / "step_0004")
     assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
+    # ... and the weights moved before and after the checkpoint resumed from (a tiny-random run
+    # without reward spread never updates, and would 'reproduce' anything).
+    start = _weights(Path(resolve_model("tiny-random")))
+    assert max_change(start, resumed_from) > 1e-4 and max_change(resumed_from, wb) > 1e-4
     # keep_last=2; step_0003 ended Stage 1 and would be kept even beyond that
     assert [p.name for _, p in complete_checkpoints(full)] == ["step_0003", "step_0004"]
     assert (full / "checkpoints" / "latest").read_text().strip() == "step_0004"

@@ -282,9 +282,10 @@ class Actor:
         `save_pretrained`; sharded, every rank writes its shards (DCP) and its RNG, and `export`
         (a stage's end) adds the whole model as a `save_pretrained` folder."""
         if not self.dist.sharded:
-            state = dataclasses.replace(state, optimizer=self.optimizer.state_dict(), rng=ckpt.rng_state())
+            state = dataclasses.replace(state, optimizer=self.optimizer.state_dict())
 
             def write(folder: Path) -> None:
+                ckpt.save_rank_rng(folder, 0)
                 self.model.save_pretrained(folder)
                 self.tokenizer.save_pretrained(folder)
         else:

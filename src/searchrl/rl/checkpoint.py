@@ -1,11 +1,17 @@
 """Checkpoints of a training run: `checkpoints/step_XXXX/` = `save_pretrained` model + tokenizer
-+ `trainer_state.pt`, written into a hidden temp folder and renamed into place, so a folder named
-`step_XXXX` is always complete; `checkpoints/latest` names the newest one and is written last. `checksums.json` (written before
-`trainer_state.pt`) lets a resume tell a corrupted checkpoint from an intact one.
++ `trainer_state.json` + `optimizer.safetensors` + `rng_rank_XXX.json`, written into a hidden temp
+folder and renamed into place, so a folder named `step_XXXX` is always complete;
+`checkpoints/latest` names the newest one and is written last. `checksums.json`, written last,
+covers every other file, so a resume tells a corrupted checkpoint from an intact one.
+
+Nothing is pickled: a run directory from elsewhere (a shared disk, a download) is data, and
+reading it runs no code. The optimizer's tensors are safetensors (its other fields JSON in that
+file's metadata), the RNG states JSON lists of integers, the rest JSON. Checkpoints of searchrl
+before this format (a pickled `trainer_state.pt`) resume only with `--trust-unverified`.
 
 Several ranks (torchrun) write into the same temp folder: `sharded/` (DCP: each rank's shards of
-the weights and optimizer state), `rng_rank_XXX.pt` each, and at a stage's end the whole model
-as a `save_pretrained` export; rank 0 writes `trainer_state.pt` and renames once all are done.
+the weights and optimizer state), `rng_rank_XXX.json` each, and at a stage's end the whole model
+as a `save_pretrained` export; rank 0 writes `trainer_state.json` and renames once all are done.
 
 Resuming picks the highest complete `step_XXXX` (the pointer is checked, not trusted: a crash
 between the rename and the pointer write leaves the pointer one checkpoint behind).
@@ -13,6 +19,7 @@ between the rename and the pointer write leaves the pointer one checkpoint behin
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -29,7 +36,9 @@ from searchrl.errors import SearchRLError
 from searchrl.rl.distributed import LOCAL, Dist
 from searchrl.rl.integrity import write_checksums
 
-STATE_FILE = "trainer_state.pt"
+STATE_FILE = "trainer_state.json"
+OPTIMIZER_FILE = "optimizer.safetensors"
+LEGACY_STATE_FILE = "trainer_state.pt"  # pickled, by searchrl before checkpoints were pickle-free
 SHARDED_DIR = "sharded"
 LATEST = "latest"
 _NAME = re.compile(r"^step_(\d+)$")
@@ -48,15 +57,17 @@ class TrainerState:
     stage_ends: dict[int, str]  # stage -> the checkpoint that ended it (the next stage starts there)
     lora: bool  # the weights are saved as a LoRA adapter
     world_size: int = 1  # processes that trained (sharded checkpoints resume on as many)
-    optimizer: dict | None = None  # the optimizer's state_dict (one process; sharded: in DCP)
-    rng: dict | None = None  # `rng_state()` (one process; sharded: one file per rank)
+    optimizer: dict | None = None  # the optimizer's state_dict (one process, in OPTIMIZER_FILE; sharded: in DCP)
+    rng: dict | None = None  # a legacy checkpoint's `rng_state()` (since then: one file per rank)
 
-    def to_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}  # no deep copy of the tensors
+    def to_json(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("optimizer", "rng")}
 
     @classmethod
     def from_dict(cls, data: dict) -> TrainerState:
-        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+        state = cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+        state.stage_ends = {int(s): name for s, name in state.stage_ends.items()}  # JSON keys are strings
+        return state
 
 
 def checkpoint_name(step: int) -> str:
@@ -64,34 +75,79 @@ def checkpoint_name(step: int) -> str:
 
 
 def rng_state() -> dict:
-    """Python, numpy and torch (CPU and every CUDA device) generator states."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Python, numpy and torch (CPU and every CUDA device) generator states, as JSON values:
+    python's (version, 625 ints, gauss), numpy's MT19937 (name, 624 keys, pos, has_gauss, cached),
+    torch's byte tensors as lists of ints."""
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"python": [version, list(internal), gauss], "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+             "torch": torch.get_rng_state().tolist()}
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
     return state
 
 
 def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
+    """Restore `rng_state()` (or a legacy checkpoint's tuples, arrays and tensors)."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(torch.as_tensor(state["torch"], dtype=torch.uint8))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([torch.as_tensor(s, dtype=torch.uint8) for s in state["cuda"]])
 
 
-def rank_rng_file(folder: Path, rank: int) -> Path:
-    return Path(folder) / f"rng_rank_{rank:03d}.pt"
+def rank_rng_file(folder: Path, rank: int, suffix: str = ".json") -> Path:
+    return Path(folder) / f"rng_rank_{rank:03d}{suffix}"
 
 
 def save_rank_rng(folder: Path, rank: int) -> None:
-    torch.save(rng_state(), rank_rng_file(folder, rank))
+    rank_rng_file(folder, rank).write_text(json.dumps(rng_state()) + "\n")
 
 
 def load_rng(folder: Path, state: TrainerState, rank: int) -> dict:
-    """This rank's saved RNG state: in the trainer state (one process) or its own file."""
+    """This rank's saved RNG state: its own file, or a legacy checkpoint's (in its trainer state
+    or a pickled file per rank)."""
     if state.rng is not None:
         return state.rng
-    return torch.load(rank_rng_file(folder, rank), map_location="cpu", weights_only=False)
+    path = rank_rng_file(folder, rank)
+    if path.is_file():
+        return _read_json(path)
+    return _load_legacy(rank_rng_file(folder, rank, ".pt"))
+
+
+def _write_state(folder: Path, state: TrainerState) -> None:
+    """`trainer_state.json`, and the optimizer (one process) as `optimizer.safetensors`: its tensors
+    under `PARAM.NAME`, its param groups and non-tensor entries as JSON in the file's metadata."""
+    from safetensors.torch import save_file
+
+    (folder / STATE_FILE).write_text(json.dumps(state.to_json(), indent=1) + "\n")
+    if state.optimizer is None:
+        return
+    tensors, scalars = {}, {}
+    for param, entries in state.optimizer["state"].items():
+        for name, value in entries.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{param}.{name}"] = value.detach().cpu().contiguous()
+            else:
+                scalars.setdefault(str(param), {})[name] = value
+    rest = {"param_groups": state.optimizer["param_groups"], "scalars": scalars}
+    save_file(tensors, folder / OPTIMIZER_FILE, metadata={"optimizer": json.dumps(rest)})
+
+
+def _read_optimizer(path: Path) -> dict:
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt", device="cpu") as fh:
+        rest = json.loads(fh.metadata()["optimizer"])
+        per_param: dict[int, dict] = {}
+        for key in fh.keys():  # noqa: SIM118  (a safetensors file, not a dict)
+            param, name = key.split(".", 1)
+            per_param.setdefault(int(param), {})[name] = fh.get_tensor(key)
+    for param, entries in rest["scalars"].items():
+        per_param.setdefault(int(param), {}).update(entries)
+    return {"state": per_param, "param_groups": rest["param_groups"]}
 
 
 def save_checkpoint(run_dir: Path, step: int, write: Callable[[Path], None], state: TrainerState, dist: Dist = LOCAL) -> Path:
@@ -109,8 +165,8 @@ def save_checkpoint(run_dir: Path, step: int, write: Callable[[Path], None], sta
         write(tmp)
         dist.barrier()
         if dist.main:
-            write_checksums(tmp)
-            torch.save(state.to_dict(), tmp / STATE_FILE)  # last: its presence marks the folder complete
+            _write_state(tmp, state)
+            write_checksums(tmp)  # last: of every file, the trainer state's too
             tmp.chmod(0o755)
             if final.exists():  # the same step saved again after a resume: replace it
                 shutil.rmtree(final)
@@ -133,7 +189,7 @@ def complete_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     found = []
     for path in root.iterdir() if root.is_dir() else []:
         m = _NAME.match(path.name)
-        if m and path.is_dir() and (path / STATE_FILE).is_file():
+        if m and path.is_dir() and ((path / STATE_FILE).is_file() or (path / LEGACY_STATE_FILE).is_file()):
             found.append((int(m.group(1)), path))
     return sorted(found)
 
@@ -151,12 +207,50 @@ def clean_temp(run_dir: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def load_state(ckpt: Path) -> TrainerState:
-    # Our own file with numpy RNG arrays and optimizer tensors: weights_only would refuse it.
+def is_legacy(folder: Path) -> bool:
+    """Written by searchrl before checkpoints were pickle-free (a pickled `trainer_state.pt`)."""
+    return not (Path(folder) / STATE_FILE).is_file() and (Path(folder) / LEGACY_STATE_FILE).is_file()
+
+
+def load_state(folder: Path) -> TrainerState:
+    """The trainer state of a checkpoint, its optimizer's too (one process)."""
+    folder = Path(folder)
+    path = folder / (LEGACY_STATE_FILE if is_legacy(folder) else STATE_FILE)
     try:
-        return TrainerState.from_dict(torch.load(Path(ckpt) / STATE_FILE, map_location="cpu", weights_only=False))
+        if path.name == LEGACY_STATE_FILE:
+            return TrainerState.from_dict(_load_legacy(path))
+        state = TrainerState.from_dict(_read_json(path))
+        if (folder / OPTIMIZER_FILE).is_file():
+            path = folder / OPTIMIZER_FILE
+            state.optimizer = _read_optimizer(path)
+    except SearchRLError:
+        raise
+    except Exception as exc:  # noqa: BLE001  (a damaged file fails in many ways; all mean 'unreadable')
+        raise SearchRLError(f"cannot read {path} ({exc})") from None
+    return state
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SearchRLError(f"cannot read {path} ({exc})") from None
+
+
+# A legacy state holds numpy RNG arrays beside tensors and plain values: these types, no others.
+_reconstruct = np.empty(0).__reduce__()[0]  # numpy's array rebuilder, wherever this numpy keeps it
+_LEGACY_TYPES = [np.dtype, np.ndarray, type(np.dtype(np.uint32)), _reconstruct,
+                 (_reconstruct, "numpy.core.multiarray._reconstruct")]  # its name when numpy 1 pickled it
+
+
+def _load_legacy(path: Path):
+    """A pickled file of an older searchrl, read without running code (`weights_only`: tensors,
+    plain values and the numpy types above; anything else is refused)."""
+    try:
+        with torch.serialization.safe_globals(_LEGACY_TYPES):
+            return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001  (unpickling fails in many ways; all mean 'unreadable')
-        raise SearchRLError(f"cannot read {Path(ckpt) / STATE_FILE} ({exc})") from None
+        raise SearchRLError(f"cannot read {path} ({' '.join(str(exc).split())[:300]})") from None
 
 
 def prune(run_dir: Path, keep_last: int | None, protected: set[str]) -> None:

@@ -1,5 +1,6 @@
 """Checksums of a checkpoint's files, so corruption that loads without a word (flipped bits in the
-weights) or a truncated file is found on resume, and the run falls back to an older checkpoint.
+weights, the trainer state) or a truncated file is found on resume, and the run falls back to an
+older checkpoint.
 
 `checksums.json` maps each file's path in the folder to its size and sha256. Hashing reads every
 byte once: negligible for small models; for big ones it runs at disk or sha256 speed (~1-2 GB/s),
@@ -38,12 +39,12 @@ def write_checksums(folder: Path) -> None:
 
 def verify_checksums(folder: Path) -> str | None:
     """What is wrong with `folder`'s recorded files (missing, truncated, altered), or None when
-    they match. A folder without `checksums.json` (written before checksums existed) passes."""
+    they match. A folder without `checksums.json` cannot be checked: that is a problem too."""
     folder = Path(folder)
     try:
         sums = json.loads((folder / CHECKSUMS).read_text())
     except FileNotFoundError:
-        return None
+        return f"it has no {CHECKSUMS}"
     except (OSError, ValueError) as exc:
         return f"{CHECKSUMS} is unreadable ({exc})"
     for name, want in sums.items():

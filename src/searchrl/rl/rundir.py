@@ -1,9 +1,11 @@
 """The run directory: where a (re)started run begins (`open_run`). One process owns it while it
-trains (`searchrl.runlock.RunLock`, re-exported here).
+trains (`searchrl.runlock.RunLock`).
 
 Resuming continues after the newest *intact* checkpoint (its checksums match and its state
-loads); newer, corrupt ones are skipped with a warning. A run stopped before its first checkpoint
-restarts from step 0. A resume may not renumber steps already taken: a finished stage keeps its
+loads); newer, corrupt ones are skipped with a warning. A checkpoint whose files cannot all be
+checked (no `checksums.json`, or an older searchrl's pickled `trainer_state.pt`, which its
+checksums do not cover) stops the resume unless the user passes `--trust-unverified`. A run
+stopped before its first checkpoint restarts from step 0. A resume may not renumber steps already taken: a finished stage keeps its
 length, and the current stage may grow but not shrink below where it stands.
 """
 
@@ -18,8 +20,7 @@ from searchrl.errors import SearchRLError
 from searchrl.rl import checkpoint as ckpt
 from searchrl.rl.config import TrainConfig
 from searchrl.rl.health import trim_alarms
-from searchrl.rl.integrity import verify_checksums
-from searchrl.runlock import LOCK_FILE, RunLock  # noqa: F401  (the trainer takes it from here)
+from searchrl.rl.integrity import CHECKSUMS, verify_checksums
 from searchrl.runlog import METRICS_FILE, truncate_metrics
 
 
@@ -36,7 +37,12 @@ def run_dir_for(cfg: TrainConfig, resume: Path | None) -> Path:
     return Path(resume)
 
 
-def open_run(cfg: TrainConfig, resume: Path | None, stages: list[int] | None) -> tuple[Path, ckpt.TrainerState | None, Path | None]:
+class UnverifiedCheckpoint(SearchRLError):
+    """A checkpoint some of whose files cannot be checked: resumed only with `--trust-unverified`."""
+
+
+def open_run(cfg: TrainConfig, resume: Path | None, stages: list[int] | None,
+             trust_unverified: bool = False) -> tuple[Path, ckpt.TrainerState | None, Path | None]:
     """(run dir, trainer state to resume from, its checkpoint folder); no state: start at step 0.
     Resuming trims what the stopped run wrote after that checkpoint (metrics, samples)."""
     run_dir = run_dir_for(cfg, resume)
@@ -46,7 +52,7 @@ def open_run(cfg: TrainConfig, resume: Path | None, stages: list[int] | None) ->
         run_dir.mkdir(parents=True, exist_ok=True)
         return run_dir, None, None
     ckpt.clean_temp(run_dir)
-    found = newest_intact_checkpoint(run_dir)
+    found = newest_intact_checkpoint(run_dir, trust_unverified)
     if found is None:
         if ckpt.complete_checkpoints(run_dir):
             raise SearchRLError(
@@ -63,12 +69,15 @@ def open_run(cfg: TrainConfig, resume: Path | None, stages: list[int] | None) ->
     return run_dir, state, folder
 
 
-def newest_intact_checkpoint(run_dir: Path) -> tuple[Path, ckpt.TrainerState] | None:
+def newest_intact_checkpoint(run_dir: Path, trust_unverified: bool = False) -> tuple[Path, ckpt.TrainerState] | None:
     """The newest checkpoint whose files match their checksums, whose state loads and whose
-    stage-end checkpoints (where later stages start) are intact; corrupt ones are skipped with a warning."""
+    stage-end checkpoints (where later stages start) are intact; corrupt ones are skipped with a
+    warning. One that cannot be checked raises `UnverifiedCheckpoint` unless `trust_unverified`."""
     for _, folder in reversed(ckpt.complete_checkpoints(run_dir)):
         try:
-            state = _intact_state(folder)
+            state = _intact_state(folder, trust_unverified)
+        except UnverifiedCheckpoint:
+            raise
         except SearchRLError as exc:
             _warn(f"warning: skipping corrupt checkpoint {folder}: {exc}; trying an older one")
             continue
@@ -76,17 +85,40 @@ def newest_intact_checkpoint(run_dir: Path) -> tuple[Path, ckpt.TrainerState] | 
     return None
 
 
-def _intact_state(folder: Path) -> ckpt.TrainerState:
-    problem = verify_checksums(folder)
+def _intact_state(folder: Path, trust_unverified: bool) -> ckpt.TrainerState:
+    problem = _check_files(folder, trust_unverified)
     if problem:
         raise SearchRLError(problem)
-    state = ckpt.load_state(folder)
+    state = ckpt.load_state(folder)  # after the check: a damaged file is never parsed
     for name in set(state.stage_ends.values()) - {folder.name}:
         end = folder.parent / name
-        problem = verify_checksums(end) if end.is_dir() else "it is missing"
+        problem = _check_files(end, trust_unverified, reads_state=False) if end.is_dir() else "it is missing"
         if problem:
             raise SearchRLError(f"the stage-end checkpoint it builds on, {name}, is corrupt: {problem}")
     return state
+
+
+def _check_files(folder: Path, trust_unverified: bool, reads_state: bool = True) -> str | None:
+    """What is wrong with `folder`'s files (None: nothing). One whose files cannot all be checked
+    is refused (`UnverifiedCheckpoint`), or with `trust_unverified` checked as far as it can be.
+    `reads_state=False`: only its model is used (a stage's start), which a legacy checkpoint's
+    checksums do cover."""
+    if reads_state and ckpt.is_legacy(folder):
+        why = f"was written by an older searchrl: its {ckpt.LEGACY_STATE_FILE} is a pickle that no {CHECKSUMS} covers"
+        other = f"start a new run from its weights (model={folder})"
+    elif not (folder / CHECKSUMS).is_file():
+        why = f"has no {CHECKSUMS} (it was deleted, or the checkpoint copied without it)"
+        other = f"move {folder} aside to resume from an older checkpoint"
+    else:
+        return verify_checksums(folder)
+    if not trust_unverified:
+        raise UnverifiedCheckpoint(
+            f"cannot resume {folder.parent.parent}: checkpoint {folder} {why}, so a corrupted or altered file would go "
+            f"unnoticed; if you trust where this run directory came from, resume with --trust-unverified (its files are "
+            f"still read without running code), or {other}"
+        )
+    _warn(f"warning: using checkpoint {folder} unverified (--trust-unverified): it {why}")
+    return verify_checksums(folder) if (folder / CHECKSUMS).is_file() else None
 
 
 def check_resume(cfg: TrainConfig, state: ckpt.TrainerState, folder: Path, stages: list[int] | None) -> None:

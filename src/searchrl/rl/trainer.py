@@ -35,6 +35,7 @@ from searchrl.rl.rollout_worker import RolloutWorker
 from searchrl.rl.sampler import PromptSampler
 from searchrl.rl.sft import sft_step
 from searchrl.rl.step import StepIndex, train_step
+from searchrl.runlock import RunLock
 from searchrl.runlog import ROLLBACKS_FILE, RunLogger, read_events, read_metrics
 
 
@@ -78,12 +79,14 @@ def _check_world(cfg: TrainConfig, plan: list[int], d: Dist, state: ckpt.Trainer
                                 f"configured end; resume with that stage's steps unchanged")
 
 
-def train(cfg: TrainConfig, resume: Path | None = None, stages: list[int] | None = None) -> Path:
+def train(cfg: TrainConfig, resume: Path | None = None, stages: list[int] | None = None, trust_unverified: bool = False) -> Path:
     """Run (or resume) the stages of `cfg`; returns the run directory.
 
     `stages`: which of [1, 2] to run (default both; disabled or zero-step stages are skipped).
     `resume`: a run directory; training continues after its newest complete checkpoint with the
     saved optimizer, RNG and data position, so the finished run equals an uninterrupted one.
+    `trust_unverified`: resume from a checkpoint whose files cannot all be checked (no checksums,
+    an older searchrl's pickled state), which is otherwise refused.
     The run directory is locked (`RunLock`, by rank 0 for all) while the run trains. Under
     torchrun, one process per device (`cuda:LOCAL_RANK`, NCCL; gloo on CPU).
     """
@@ -91,18 +94,18 @@ def train(cfg: TrainConfig, resume: Path | None = None, stages: list[int] | None
     try:
         run_dir = d.broadcast(rundir.run_dir_for(cfg, resume) if d.main else None)  # a dated name, once
         cfg = cfg.model_copy(update={"out": str(run_dir), "device": device})
-        with rundir.RunLock(run_dir) if d.main else contextlib.nullcontext():
+        with RunLock(run_dir) if d.main else contextlib.nullcontext():
             while True:
                 try:
-                    return _train(cfg, resume, stages, d)
+                    return _train(cfg, resume, stages, d, trust_unverified)
                 except rollback.RollbackRequested:
                     resume = run_dir  # go on from the checkpoint the rollback kept
     finally:
         close_distributed(d)
 
 
-def _train(cfg: TrainConfig, resume: Path | None, stages: list[int] | None, d: Dist) -> Path:
-    run_dir, state, state_dir = d.broadcast(rundir.open_run(cfg, resume, stages) if d.main else None)
+def _train(cfg: TrainConfig, resume: Path | None, stages: list[int] | None, d: Dist, trust_unverified: bool) -> Path:
+    run_dir, state, state_dir = d.broadcast(rundir.open_run(cfg, resume, stages, trust_unverified) if d.main else None)
     plan = state.plan if state is not None and stages is None else _stage_plan(cfg, stages)
     _check_world(cfg, plan, d, state, run_dir)
     torch.manual_seed(cfg.seed)
@@ -206,7 +209,8 @@ def _write_samples(run_dir: Path, step: int, samples: list[dict], cfg: TrainConf
     shutil.move(tmp, folder / f"step_{step:04d}.jsonl")
 
 
-def train_command(config: str | None, overrides: list[str], stage: int | None, resume: str | None, out: str | None) -> Path:
+def train_command(config: str | None, overrides: list[str], stage: int | None, resume: str | None, out: str | None,
+                  trust_unverified: bool = False) -> Path:
     """`searchrl train`: a config file (or a run's own config.yaml when resuming) plus overrides."""
     from searchrl.config import load_config
 
@@ -217,7 +221,7 @@ def train_command(config: str | None, overrides: list[str], stage: int | None, r
         raise SearchRLError("give --config FILE (e.g. configs/demo-cpu.yaml) or --resume RUN_DIR")
     pairs = list(overrides) + ([f"out={json.dumps(out)}"] if out else [])
     cfg = load_config(TrainConfig, config, pairs)
-    run_dir = train(cfg, Path(resume) if resume else None, [stage] if stage else None)
+    run_dir = train(cfg, Path(resume) if resume else None, [stage] if stage else None, trust_unverified)
     if os.environ.get("RANK", "0") == "0":  # torchrun: rank 0 speaks for the run
         print(f"run directory: {run_dir}  (plot it: searchrl plot {run_dir})", flush=True)
     return run_dir
