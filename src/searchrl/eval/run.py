@@ -269,6 +269,11 @@ def _answer_the_rest(cfg: EvalConfig, questions: Sequence[Question], recs: list[
             from searchrl.rollout.backend import make_backend
 
             backend = make_backend(cfg.rollout.backend, cfg.model, **cfg.rollout.backend_options())
+        if cfg.method == "agent":
+            from searchrl.rollout.bounds import check_rollout_fits
+
+            check_rollout_fits(cfg.rollout, Protocol.from_config(cfg.protocol), backend.tokenizer, backend.max_context,
+                               questions, retriever, cfg.retrieval.index)
         if progress:
             from tqdm import tqdm
 
@@ -302,7 +307,7 @@ def eval_command(config: str | None, overrides: Sequence[str], flags: dict, as_j
     from searchrl.config import flag_overrides, load_config
 
     if resume is None:
-        cfg = load_config(EvalConfig, config, list(overrides) + flag_overrides(flags))
+        cfg = load_config(EvalConfig, config, list(overrides) + flag_overrides(flags, overrides))
         saved.keep_unfinished(cfg.out)
     else:
         cfg = saved.resumed_config(EvalConfig, Path(resume), config, list(overrides), flags)
