@@ -52,12 +52,11 @@ def _override_value(pair: str, raw: str):
         return ""
     try:
         return yaml.safe_load(raw)
+    except yaml.constructor.ConstructorError:
+        raise SearchRLError(f"override {pair!r}: YAML tags (!!...) are not accepted; quote the value to give it as a string") from None
     except yaml.YAMLError as exc:
         problem = getattr(exc, "problem", None) or type(exc).__name__
-        raise SearchRLError(
-            f"override {pair!r}: the value is not plain YAML ({problem}); YAML tags (!!...) are not accepted, "
-            "quote the value to give it as a string"
-        ) from None
+        raise SearchRLError(f"override {pair!r}: the value is not valid YAML ({problem}); quote it to give it as a string") from None
 
 
 def flag_overrides(flags: dict, given: Sequence[str] = ()) -> list[str]:
