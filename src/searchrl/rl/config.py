@@ -105,7 +105,10 @@ class StageConfig(StrictModel):
     reward: RewardConfig = Field(default_factory=RewardConfig, description="Reward of this stage (SPEC §3).")
     steps: int = Field(10, ge=0, description="Training steps (one rollout batch each).")
     prompts_per_step: int = Field(4, ge=1, description="Questions per step.")
-    samples_per_prompt: int = Field(8, ge=1, description="Rollouts per question, one baseline group (paper: 16).")
+    samples_per_prompt: int = Field(
+        8, ge=1, description="Rollouts per question, one baseline group (paper: 16); at least 2 in an rl stage (a group of one "
+        "has no baseline: its advantage is 0), 1 in an sft stage."
+    )
 
 
 def _stage1() -> StageConfig:
