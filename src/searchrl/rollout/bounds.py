@@ -107,7 +107,7 @@ def model_context(name: str, tokenizer, rollout: RolloutConfig) -> int | None:
 
     try:  # local files only: a hub model not cached yet leaves the tokenizer's limit
         config = AutoConfig.from_pretrained(resolve_model(name), local_files_only=True)
-    except (OSError, ValueError):
+    except Exception:  # noqa: BLE001 - missing, unreadable or unknown configs come in many types
         config = None
     known = [context_window(tokenizer, config)]
     if rollout.backend == "vllm":
