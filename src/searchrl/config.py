@@ -65,22 +65,26 @@ def flag_overrides(flags: dict, given: Sequence[str] = ()) -> list[str]:
     also sets to another value is an error naming both: neither is dropped without a word."""
     tree = parse_overrides(list(given))
     for key, value in flags.items():
-        if value is None:
-            continue
-        node, parts = tree, key.split(".")
-        for depth, part in enumerate(parts):
-            if not isinstance(node, dict) or part not in node:
-                break
-            node = node[part]
-            if depth == len(parts) - 1 and node == value:
-                break  # both say the same
-            if depth == len(parts) - 1 or not isinstance(node, dict):
-                where = ".".join(parts[: depth + 1])
-                raise SearchRLError(
-                    f"--set {where}={json.dumps(node)} conflicts with the flag that sets {key}={json.dumps(value)}: "
-                    "give the value once, as the flag or as --set"
-                )
+        found = _set_at(tree, key) if value is not None else None
+        if found is not None and found[1] != value:
+            raise SearchRLError(
+                f"--set {found[0]}={json.dumps(found[1])} conflicts with the flag that sets {key}={json.dumps(value)}: "
+                "give the value once, as the flag or as --set"
+            )
     return [f"{key}={json.dumps(value)}" for key, value in flags.items() if value is not None]
+
+
+def _set_at(tree: dict, key: str) -> tuple[str, object] | None:
+    """What the overrides `tree` set at dotted `key`, or at a key above it to something that is
+    not a mapping: (that key, its value); None when they set neither."""
+    node, parts = tree, key.split(".")
+    for depth, part in enumerate(parts, start=1):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+        if depth == len(parts) or not isinstance(node, dict):
+            return ".".join(parts[:depth]), node
+    return None
 
 
 def deep_merge(base: dict, extra: dict) -> dict:

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from searchrl.data.types import Question
 from searchrl.errors import SearchRLError
 from searchrl.protocol import Protocol
+from searchrl.rollout.backend import context_window
 from searchrl.rollout.config import RolloutConfig
 from searchrl.rollout.engine import document_block_ends
 
@@ -103,7 +104,6 @@ def model_context(name: str, tokenizer, rollout: RolloutConfig) -> int | None:
     from transformers import AutoConfig
 
     from searchrl.assets import resolve_model
-    from searchrl.rollout.backend import context_window
 
     try:  # local files only: a hub model not cached yet leaves the tokenizer's limit
         config = AutoConfig.from_pretrained(resolve_model(name), local_files_only=True)
