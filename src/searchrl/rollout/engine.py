@@ -209,8 +209,8 @@ class RolloutEngine:
     # ---------------------------------------------------------------------------------------------
     def _run_batch(self, items, bar) -> list[Trajectory]:
         cfg, be, tags = self.cfg, self.backend, self.tags
-        limit = be.max_context if be.max_context is not None else math.inf
-        rollouts = [_Rollout(q, list(ids), cfg.max_new_tokens, limit) for q, ids in items]
+        limit = be.max_context
+        rollouts = [_Rollout(q, list(ids), cfg.max_new_tokens, math.inf if limit is None else limit) for q, ids in items]
         handles = be.start([r.prompt_ids for r in rollouts], cfg.sampling_params())
         stops = self.protocol.stop_strings()
         active = list(range(len(rollouts)))
