@@ -59,6 +59,10 @@ class StreamingBackend(GenerationBackend):
     def tokenizer(self):
         return self.inner.tokenizer
 
+    @property
+    def max_context(self) -> int | None:
+        return self.inner.max_context
+
     def start(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[int]:
         return self.inner.start(prompts, params)
 

@@ -7,6 +7,7 @@ code with `.get(key, default)`. Unknown keys are errors, so a typo never passes 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -40,14 +41,50 @@ def parse_overrides(pairs: list[str]) -> dict:
                     f"override {pair!r} goes inside {'.'.join(parents[: i + 1])}, which another override set to {node!r}; "
                     "set its keys one by one instead"
                 )
-        node[leaf] = yaml.safe_load(raw) if raw != "" else ""
+        node[leaf] = _override_value(pair, raw)
     return tree
 
 
-def flag_overrides(flags: dict) -> list[str]:
+def _override_value(pair: str, raw: str):
+    """An override's value as a YAML scalar (or list/mapping); a tag such as `!!python/...` or
+    broken YAML is one line saying so (safe_load never runs a tag, but its error is a traceback)."""
+    if raw == "":
+        return ""
+    try:
+        return yaml.safe_load(raw)
+    except yaml.constructor.ConstructorError:
+        raise SearchRLError(f"override {pair!r}: YAML tags (!!...) are not accepted; quote the value to give it as a string") from None
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise SearchRLError(f"override {pair!r}: the value is not valid YAML ({problem}); quote it to give it as a string") from None
+
+
+def flag_overrides(flags: dict, given: Sequence[str] = ()) -> list[str]:
     """Command-line flags keyed by their config keys (`{"rollout.k": 3}`) as `key=value` overrides;
-    flags not given (None) override nothing."""
+    flags not given (None) override nothing. A flag whose key an override in `given` (`--set`)
+    also sets to another value is an error naming both: neither is dropped without a word."""
+    tree = parse_overrides(list(given))
+    for key, value in flags.items():
+        found = _set_at(tree, key) if value is not None else None
+        if found is not None and found[1] != value:
+            raise SearchRLError(
+                f"--set {found[0]}={json.dumps(found[1])} conflicts with the flag that sets {key}={json.dumps(value)}: "
+                "give the value once, as the flag or as --set"
+            )
     return [f"{key}={json.dumps(value)}" for key, value in flags.items() if value is not None]
+
+
+def _set_at(tree: dict, key: str) -> tuple[str, object] | None:
+    """What the overrides `tree` set at dotted `key`, or at a key above it to something that is
+    not a mapping: (that key, its value); None when they set neither."""
+    node, parts = tree, key.split(".")
+    for depth, part in enumerate(parts, start=1):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+        if depth == len(parts) or not isinstance(node, dict):
+            return ".".join(parts[:depth]), node
+    return None
 
 
 def deep_merge(base: dict, extra: dict) -> dict:
@@ -72,7 +109,10 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise SearchRLError(f"config file {path} is not valid YAML: {exc}") from None
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise SearchRLError(f"config file {where} is not valid YAML: {problem}") from None
     if not isinstance(data, dict):
         raise SearchRLError(f"config file {path} must hold a mapping at top level")
     base = data.pop("extends", None)

@@ -157,7 +157,7 @@ def compose_command(
 
     if takes:
         flags = {**flags, "parts": [parse_take(t) for t in takes]}
-    cfg = load_config(ComposeConfig, config, list(overrides) + flag_overrides(flags))
+    cfg = load_config(ComposeConfig, config, list(overrides) + flag_overrides(flags, overrides))
     if cfg.out is None:
         raise SearchRLError("no output file: give --out FILE.jsonl")
     questions, rows = compose(cfg)

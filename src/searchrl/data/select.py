@@ -341,7 +341,7 @@ def select_command(config: str | None, overrides: list[str], flags: dict) -> dic
     from searchrl.config import flag_overrides, load_config
     from searchrl.data.select_report import summary_markdown
 
-    cfg = load_config(SelectConfig, config, list(overrides) + flag_overrides(flags))
+    cfg = load_config(SelectConfig, config, list(overrides) + flag_overrides(flags, overrides))
     summary = run_select(cfg)
     console = Console()
     console.print(Markdown(summary_markdown(summary)))

@@ -8,7 +8,8 @@ from typing import Literal
 Source = Literal["policy", "env"]
 
 # Why a rollout stopped.
-STOP_REASONS = ("answer", "eos", "turn_end", "length", "max_searches", "empty_query")
+# context_full: the model's context has no room left (to generate, or for a documents block's tags).
+STOP_REASONS = ("answer", "eos", "turn_end", "length", "max_searches", "empty_query", "context_full")
 
 
 @dataclass
@@ -35,6 +36,7 @@ class Trajectory:
     n_searches: int = 0
     answer: str | None = None
     stop_reason: str = "eos"
+    truncated_documents: int = 0  # documents blocks cut to fit the model's context (rollout.engine)
     timing: dict[str, float] = field(default_factory=dict)
 
     @property

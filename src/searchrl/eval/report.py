@@ -254,7 +254,7 @@ def report_command(config: str | None, overrides: list[str], flags: dict) -> Pat
 
     from searchrl.config import flag_overrides
 
-    cfg = load_config(ReportConfig, config, list(overrides) + flag_overrides(flags))
+    cfg = load_config(ReportConfig, config, list(overrides) + flag_overrides(flags, overrides))
     path = run_report(cfg)
     table = path.read_text(encoding="utf-8").split("## Results\n\n", 1)[1].split("\n\n", 1)[0]
     Console(soft_wrap=True).print(table, markup=False, highlight=False)

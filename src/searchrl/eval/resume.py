@@ -35,7 +35,7 @@ def resumed_config(cls: type[C], run_dir: Path, config: str | None, overrides: l
     if flags.get("out") is not None and Path(flags["out"]).resolve() != run_dir.resolve():
         raise SearchRLError(f"--resume continues {run_dir} in place: drop --out {flags['out']}")
     first = load_config(cls, path)
-    cfg = load_config(cls, config or path, overrides + flag_overrides({**flags, "out": str(run_dir)}))
+    cfg = load_config(cls, config or path, overrides + flag_overrides({**flags, "out": str(run_dir)}, overrides))
     check_same_config(run_dir, first.model_dump(mode="json"), cfg.model_dump(mode="json"))
     return cfg
 

@@ -248,7 +248,7 @@ def run_eval(cfg: EvalConfig, progress: bool = True, backend=None, resume: bool 
                 saved.refuse_existing(out)
             recs, spent = [], {"seconds": 0.0}
         if len(recs) < len(questions):
-            with _services(cfg, out, backend, fresh=not resume) as services:
+            with _services(cfg, questions, out, backend, fresh=not resume) as services:
                 if not resume:
                     saved.start_fresh(out)
                 dump_config(cfg, out / "config.yaml")
@@ -261,10 +261,11 @@ def run_eval(cfg: EvalConfig, progress: bool = True, backend=None, resume: bool 
 
 
 @contextlib.contextmanager
-def _services(cfg: EvalConfig, out: Path, backend, fresh: bool):
+def _services(cfg: EvalConfig, questions: Sequence[Question], out: Path, backend, fresh: bool):
     """(retriever, judge, backend) for generating into `out`, each checked as it opens, in the
-    order of how fast they fail: the server and the judge in a second, the model in minutes.
-    `fresh`: a new run, whose web search budget starts from zero."""
+    order of how fast they fail: the server and the judge in a second, the model in minutes; then
+    whether an agent's rollouts over `questions` fit the model's context. `fresh`: a new run,
+    whose web search budget starts from zero."""
     with contextlib.ExitStack() as stack:
         retriever = judge = None
         if cfg.method != "direct":
@@ -276,6 +277,11 @@ def _services(cfg: EvalConfig, out: Path, backend, fresh: bool):
             from searchrl.rollout.backend import make_backend
 
             backend = make_backend(cfg.rollout.backend, cfg.model, **cfg.rollout.backend_options())
+        if cfg.method == "agent":
+            from searchrl.rollout.bounds import check_rollout_fits
+
+            check_rollout_fits(cfg.rollout, Protocol.from_config(cfg.protocol), backend.tokenizer, backend.max_context,
+                               questions, retriever, cfg.retrieval.index)
         yield retriever, judge, backend
 
 
@@ -324,7 +330,7 @@ def eval_command(config: str | None, overrides: Sequence[str], flags: dict, as_j
     if resume is not None and overwrite:
         raise SearchRLError("--resume continues a run and --overwrite starts it over: give one of them")
     if resume is None:
-        cfg = load_config(EvalConfig, config, list(overrides) + flag_overrides(flags))
+        cfg = load_config(EvalConfig, config, list(overrides) + flag_overrides(flags, overrides))
     else:
         cfg = saved.resumed_config(EvalConfig, Path(resume), config, list(overrides), flags)
     try:

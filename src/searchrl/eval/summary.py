@@ -51,6 +51,8 @@ def summarize(cfg: EvalConfig, recs: Sequence[dict], spent: dict) -> dict:
         "retrieval_recall": retrieval_recall(recs),
         "answered_rate": mean([r["prediction"] is not None for r in recs]),
         "stop_reasons": dict(Counter(r["stop_reason"] for r in recs)),
+        # documents blocks cut to fit the model's context (records of older runs have no such field)
+        "truncated_documents": sum(r.get("truncated_documents", 0) for r in recs),
         **spent,
         "seconds": round(spent["seconds"], 3),  # as retrieval_s: rounding alike keeps search time <= it
         **({"retrieval_cache_hit_rate": cache_hit_rate(spent)} if "retrieval_queries" in spent else {}),
@@ -88,6 +90,9 @@ def metrics_markdown(metrics: dict) -> str:
     rows.append(("searches / question", fmt_number(metrics["mean_searches"], 2)))
     rows.append(("generated tokens / question", fmt_number(metrics["mean_generated_tokens"], 1)))
     rows.append(("seconds", fmt_number(metrics["seconds"], 1)))
+    cut, full = metrics.get("truncated_documents", 0), metrics.get("stop_reasons", {}).get("context_full", 0)
+    if cut or full:  # the model's context bounded the run (rollout.engine): shown only when it did
+        rows.append(("documents blocks cut / rollouts stopped, context full", f"{cut} / {full}"))
     rows += spending_rows(metrics)
     lines = ["| metric | value |", "|---|---:|"] + [f"| {a} | {b} |" for a, b in rows]
     return "\n".join(lines) + "\n"

@@ -105,7 +105,10 @@ class StageConfig(StrictModel):
     reward: RewardConfig = Field(default_factory=RewardConfig, description="Reward of this stage (SPEC §3).")
     steps: int = Field(10, ge=0, description="Training steps (one rollout batch each).")
     prompts_per_step: int = Field(4, ge=1, description="Questions per step.")
-    samples_per_prompt: int = Field(8, ge=1, description="Rollouts per question, one baseline group (paper: 16).")
+    samples_per_prompt: int = Field(
+        8, ge=1, description="Rollouts per question, one baseline group (paper: 16); at least 2 in an rl stage (a group of one "
+        "has no baseline: its advantage is 0), 1 in an sft stage."
+    )
 
 
 def _stage1() -> StageConfig:
@@ -169,6 +172,14 @@ class TrainConfig(StrictModel):
             if stage.kind == "sft" and stage.samples_per_prompt != 1:
                 raise ValueError(f"stage{n}.kind is sft: set stage{n}.samples_per_prompt=1 (a question's gold trajectory is "
                                  "one fixed sequence; copies would only weigh it more)")
+            if stage.enabled and stage.kind == "rl" and stage.samples_per_prompt == 1:
+                # Every estimator's baseline is the question's group (advantages.py): a group of one
+                # is flat, so its advantage is 0 whatever the reward (Reinforce++ keeps only the KL term).
+                raise ValueError(
+                    f"stage{n}.samples_per_prompt=1 cannot learn: algorithm.advantage={self.algorithm.advantage} compares "
+                    "each rollout with the other samples of its question, and a group of one has none, so every "
+                    f"advantage is 0; set stage{n}.samples_per_prompt to 2 or more (paper: 16)"
+                )
         return self
 
     @field_validator("retrieval")

@@ -1,5 +1,6 @@
-"""Checks before the model loads: every planned stage's data, the prompt template and the
-retriever, so a misspelt key fails in seconds with its name, not after Stage 1 has trained."""
+"""Checks before the model loads: every planned stage's data, the prompt template, the
+retriever and whether rollouts fit the model's context (`rollout.bounds`), so a misspelt key or
+an impossible budget fails in seconds with its name, not after Stage 1 has trained."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from searchrl.protocol import Protocol
 from searchrl.retrieval.base import Retriever
 from searchrl.rl.config import TrainConfig
 from searchrl.rl.sft import gold_examples
+from searchrl.rollout.bounds import check_rollout_fits, model_context
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,9 @@ def preflight(cfg: TrainConfig, stages: list[int], model: str) -> Prepared:
         retriever.search(["preflight"], 1)  # a server that is down fails now, not in the first rollout
     except SearchRLError as exc:
         raise SearchRLError(f"{where}: {exc}") from None
+    context = model_context(model, tokenizer, cfg.rollout)
+    planned = [q for s in stages for q in questions[s]]
+    check_rollout_fits(cfg.rollout, protocol, tokenizer, context, planned, retriever, r.index)
     for s in stages:
         if cfg.stage(s).kind == "sft":
             questions[s] = gold_examples(questions[s], retriever, cfg.rollout, f"stage{s}")

@@ -194,6 +194,7 @@ def record(at: StepIndex, scored: Scored, sums: torch.Tensor, stats: UpdateStats
         "reward_std": float(np.std([r.total for r in rewards])),
         "search_rate": _mean(t.n_searches >= 1 for t in trajs),
         "searches": _mean(t.n_searches for t in trajs),
+        "truncated_documents": _mean(t.truncated_documents for t in trajs),  # blocks cut to fit the context, per rollout
         "format_ok": _mean(r.format_ok for r in rewards),
         "answer_f1": _mean(f1(t.answer, q.answers) for t, q in zip(trajs, scored.questions)),
         "answer_rate": _mean(t.answer is not None for t in trajs),

@@ -212,15 +212,14 @@ def _write_samples(run_dir: Path, step: int, samples: list[dict], cfg: TrainConf
 def train_command(config: str | None, overrides: list[str], stage: int | None, resume: str | None, out: str | None,
                   trust_unverified: bool = False) -> Path:
     """`searchrl train`: a config file (or a run's own config.yaml when resuming) plus overrides."""
-    from searchrl.config import load_config
+    from searchrl.config import flag_overrides, load_config
 
     if resume is not None:
         run = Path(resume)
         config = config or str(run / "config.yaml")
     elif config is None:
         raise SearchRLError("give --config FILE (e.g. configs/demo-cpu.yaml) or --resume RUN_DIR")
-    pairs = list(overrides) + ([f"out={json.dumps(out)}"] if out else [])
-    cfg = load_config(TrainConfig, config, pairs)
+    cfg = load_config(TrainConfig, config, list(overrides) + flag_overrides({"out": out}, overrides))
     run_dir = train(cfg, Path(resume) if resume else None, [stage] if stage else None, trust_unverified)
     if os.environ.get("RANK", "0") == "0":  # torchrun: rank 0 speaks for the run
         print(f"run directory: {run_dir}  (plot it: searchrl plot {run_dir})", flush=True)

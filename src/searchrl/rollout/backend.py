@@ -84,6 +84,21 @@ class BackendStats:
     extra: dict[str, float] = field(default_factory=dict)
 
 
+# What transformers' tokenizers say when they know no limit (`VERY_LARGE_INTEGER`, 1e30).
+_NO_LIMIT = int(1e29)
+
+
+def context_window(tokenizer=None, model_config=None) -> int | None:
+    """Most tokens a sequence may hold: the smaller of the model's `max_position_embeddings` and
+    the tokenizer's `model_max_length`, of those that are known (a tokenizer without a limit
+    says 1e30; a config may lack the field); None when neither is."""
+    known = [
+        n for n in (getattr(model_config, "max_position_embeddings", None), getattr(tokenizer, "model_max_length", None))
+        if isinstance(n, int) and 0 < n < _NO_LIMIT
+    ]
+    return min(known, default=None)
+
+
 def per_sequence_budgets(handles: Sequence[int], max_new_tokens: int | Sequence[int]) -> list[int]:
     """`generate`'s token budget as one number per handle (it takes one for all, or one each)."""
     budgets = [max_new_tokens] * len(handles) if isinstance(max_new_tokens, int) else list(max_new_tokens)
@@ -121,9 +136,9 @@ class GenerationBackend(ABC):
 
     @property
     def max_context(self) -> int | None:
-        """Most tokens (prompt + response) a sequence may hold: the tokenizer's
-        `model_max_length` (set to the model's max positions when loaded); None when unknown."""
-        return getattr(self.tokenizer, "model_max_length", None)
+        """Most tokens (prompt + response) a sequence may hold (`context_window` of the
+        tokenizer); None when unknown. The engine never lets a sequence grow past it."""
+        return context_window(self.tokenizer)
 
     # -- sequences -------------------------------------------------------------------------------
     @abstractmethod

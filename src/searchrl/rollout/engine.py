@@ -21,11 +21,23 @@ Tokens are recorded exactly as sampled or inserted. The documents block starts w
 so tokenizing it standalone splits no token with the policy text before it; its ids decode back to
 exactly the block's text with byte-level BPE tokenizers (the engine warns once when a tokenizer
 does not round-trip, and records the text the model actually saw).
+
+The model's context (`backend.max_context`) bounds every rollout: prompt + response never exceed
+it. A turn's token budget shrinks to what the context has left; a rollout that fills it stops
+with `context_full`. A documents block that does not fit in what is left, less `ANSWER_ROOM`
+tokens kept for the policy to answer in (or less its whole remaining budget when that is
+smaller), is cut: its opening part (blank line, documents tag) and closing part (newline,
+closing tag, blank line) are tokenized on their own and kept whole, and the passages between
+them are kept as a prefix of their tokens, i.e. whole passages while they fit and the next one
+cut at a token boundary (never inside a character). The trajectory counts its cut blocks
+(`truncated_documents`). When not even the two tags fit, the query is not served and the
+rollout stops with `context_full`. A block that fits is inserted exactly as without a limit.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -37,8 +49,17 @@ from searchrl.protocol import Protocol
 from searchrl.retrieval.base import Retriever
 from searchrl.rollout.backend import GenerationBackend
 from searchrl.rollout.config import RolloutConfig
+from searchrl.tags import TagSet
 
 log = logging.getLogger(__name__)
+
+ANSWER_ROOM = 64  # policy tokens a cut documents block leaves free, so the model can still answer
+
+
+def document_block_ends(tags: TagSet) -> tuple[str, str]:
+    """The opening and closing parts of every documents block (`tags.format_documents`), which a
+    cut keeps whole: block = opening + passage lines (without the last newline) + closing."""
+    return f"\n\n{tags.docs_open}\n", f"\n{tags.docs_close}\n\n"
 
 
 @dataclass
@@ -48,6 +69,7 @@ class _Rollout:
     question: Question
     prompt_ids: list[int]
     left: int  # policy tokens still allowed
+    limit: float = math.inf  # the model's context: most prompt + response tokens
     token_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -56,6 +78,7 @@ class _Rollout:
     queries: list[str] = field(default_factory=list)
     retrieved_ids: list[list[str]] = field(default_factory=list)
     stop_reason: str | None = None
+    truncated_documents: int = 0  # documents blocks cut to fit the context
     gen_s: float = 0.0
     ret_s: float = 0.0
 
@@ -72,6 +95,14 @@ class _Rollout:
 
     def current_policy_ids(self) -> list[int]:
         return self.runs[-1][1] if self.runs and self.runs[-1][0] == "policy" else []
+
+    def room(self) -> float:
+        """Tokens the context has left for this rollout."""
+        return self.limit - len(self.prompt_ids) - len(self.token_ids)
+
+    def documents_room(self) -> float:
+        """Tokens a documents block may take: what is left, less room for the policy to answer."""
+        return self.room() - min(self.left, ANSWER_ROOM)
 
 
 class RolloutEngine:
@@ -90,6 +121,8 @@ class RolloutEngine:
         self.tags = protocol.tags
         self.cfg = cfg or RolloutConfig()
         self._warned_roundtrip = False
+        self._warned_cut = False
+        self._tags_len: int | None = None
 
     def run(
         self,
@@ -138,6 +171,30 @@ class RolloutEngine:
                         "the decoded text the model saw (first block: %r vs %r)", block[:80], seen[:80])
         return ids, seen
 
+    def fitted_documents(self, passages: Sequence[Passage], room: float = math.inf) -> tuple[list[int], str, bool] | None:
+        """The documents block of `passages` in at most `room` tokens, cut by the module
+        docstring's rule: (ids, decoded text, whether it was cut), or None when not even its
+        tags fit."""
+        whole, seen = self.documents(passages)
+        if len(whole) <= room:
+            return whole, seen, False
+        block = self.protocol.format_documents(passages)
+        head_text, tail_text = document_block_ends(self.tags)
+        head, tail = self.backend.encode(head_text), self.backend.encode(tail_text)
+        n = int(room) - len(head) - len(tail)
+        if n < 0:
+            return None
+        body = self.backend.encode(block[len(head_text) : -len(tail_text)])[:n]
+        while body and self.backend.decode(body[-4:]).endswith("\ufffd"):
+            body = body[:-1]  # a cut inside a multi-byte character
+        ids = head + body + tail
+        if not self._warned_cut:
+            self._warned_cut = True
+            log.warning("a documents block of %d passages was cut to fit the model's context (%d of %d tokens); "
+                        "trajectories count such blocks (truncated_documents): lower rollout.k or rollout.max_searches",
+                        len(passages), len(ids), len(whole))
+        return ids, self.backend.decode(ids), True
+
     def _check_prompt_lengths(self, questions: Sequence[Question], prompt_ids: list[list[int]]) -> None:
         # A prompt that fills the context leaves no room to answer (and past the model's positions
         # it generates garbage); say which question, rather than let the library warn or fail.
@@ -152,7 +209,8 @@ class RolloutEngine:
     # ---------------------------------------------------------------------------------------------
     def _run_batch(self, items, bar) -> list[Trajectory]:
         cfg, be, tags = self.cfg, self.backend, self.tags
-        rollouts = [_Rollout(q, list(ids), cfg.max_new_tokens) for q, ids in items]
+        limit = be.max_context
+        rollouts = [_Rollout(q, list(ids), cfg.max_new_tokens, math.inf if limit is None else limit) for q, ids in items]
         handles = be.start([r.prompt_ids for r in rollouts], cfg.sampling_params())
         stops = self.protocol.stop_strings()
         active = list(range(len(rollouts)))
@@ -160,9 +218,9 @@ class RolloutEngine:
             while active:
                 turn = cfg.max_tokens_per_turn or cfg.max_new_tokens
                 t0 = time.perf_counter()
-                outs = be.generate(
-                    [handles[i] for i in active], [min(turn, rollouts[i].left) for i in active], stops, cfg.round_quorum
-                )
+                # The budget never reaches past the context: no position beyond the model's is fed.
+                budgets = [int(min(turn, rollouts[i].left, rollouts[i].room())) for i in active]
+                outs = be.generate([handles[i] for i in active], budgets, stops, cfg.round_quorum)
                 gen_s = time.perf_counter() - t0
                 searching: list[tuple[int, str]] = []
                 for i, o in zip(active, outs):
@@ -186,8 +244,12 @@ class RolloutEngine:
                             r.stop_reason = "max_searches"
                         elif r.left <= 0:  # documents it could never read
                             r.stop_reason = "length"
+                        elif r.documents_room() < self._tags_length():  # not even an empty block fits
+                            r.stop_reason = "context_full"
                         else:
                             searching.append((i, query))
+                    elif r.room() <= 0:
+                        r.stop_reason = "context_full"
                     elif r.left <= 0 or not o.token_ids:  # budget spent, or the backend's context is full
                         r.stop_reason = "length"
                     # else: the turn's budget ran out mid-thought; it simply goes on next round
@@ -213,12 +275,20 @@ class RolloutEngine:
         inserted = []
         for (i, query), passages in zip(searching, results):
             rollouts[i].ret_s += ret_s
-            inserted.append(self._insert(rollouts[i], query, passages))
+            inserted.append(self._insert(rollouts[i], query, passages, rollouts[i].documents_room()))
         self.backend.append([handles[i] for i, _ in searching], inserted)
 
-    def _insert(self, r: _Rollout, query: str, passages: Sequence[Passage]) -> list[int]:
-        """Append the documents block answering `query` to `r` (loss mask 0); returns its ids."""
-        ids, seen = self.documents(passages)
+    def _tags_length(self) -> int:
+        """Tokens of the smallest documents block a cut can leave: its opening and closing parts."""
+        if self._tags_len is None:
+            self._tags_len = sum(len(self.backend.encode(part)) for part in document_block_ends(self.tags))
+        return self._tags_len
+
+    def _insert(self, r: _Rollout, query: str, passages: Sequence[Passage], room: float = math.inf) -> list[int]:
+        """Append the documents block answering `query` to `r` (loss mask 0), cut to `room`
+        tokens; returns its ids. `room` holds at least the block's tags (checked before the search)."""
+        ids, seen, cut = self.fitted_documents(passages, room)
+        r.truncated_documents += cut
         r.add("env", ids)
         r.env_texts.append(seen)
         r.queries.append(query)
@@ -266,5 +336,6 @@ class RolloutEngine:
             n_searches=len(r.queries),
             answer=self.protocol.extract_answer(policy_text),
             stop_reason=r.stop_reason or "length",
+            truncated_documents=r.truncated_documents,
             timing={"generation_s": r.gen_s, "retrieval_s": r.ret_s},
         )

@@ -43,6 +43,7 @@ from searchrl.rollout.backend import (
     Continuation,
     GenerationBackend,
     SamplingParams,
+    context_window,
     per_sequence_budgets,
 )
 from searchrl.rollout.kv_groups import Group, make_cache, merge_rows, plan_buckets, select_rows
@@ -109,6 +110,10 @@ class HFBackend(GenerationBackend):
     def eos_token_ids(self) -> frozenset[int]:
         return self._eos
 
+    @property
+    def max_context(self) -> int | None:
+        return context_window(self._tok, self.model.config)
+
     def encode(self, text: str, *, prompt: bool = False) -> list[int]:
         # verbose=False: no bare "longer than the maximum" warning; the engine checks prompts itself.
         ids = self._tok(text, add_special_tokens=prompt, verbose=False)["input_ids"]
@@ -164,6 +169,11 @@ class HFBackend(GenerationBackend):
             for name, w in named_weights(model):
                 params[name].copy_(w)
 
+    def _length(self, h: int) -> int:
+        """Tokens of sequence `h`: those fed and those waiting to be."""
+        seq = self._seq(h)
+        return seq.n_fed + len(seq.pending)
+
     def _seq(self, h: int) -> _Seq:
         try:
             return self._seqs[h]
@@ -192,6 +202,9 @@ class HFBackend(GenerationBackend):
     def _generate(self, handles, max_new_tokens, stop) -> list[Continuation]:
         handles = list(handles)
         budgets = per_sequence_budgets(handles, max_new_tokens)
+        limit = self.max_context
+        if limit is not None:  # past its max positions a model generates garbage: stop there ("length")
+            budgets = [min(b, max(limit - self._length(h), 0)) for h, b in zip(handles, budgets)]
         results = {h: Continuation([], [], "length") for h in handles}
         live = [h for h, b in zip(handles, budgets) if b > 0]
         if not live:
