@@ -519,15 +519,25 @@ def _save_traceback(exc: BaseException, argv: list[str]) -> Path | None:
     return None
 
 
+def _internal_error(exc: Exception, argv: list[str]) -> int:
+    path = _save_traceback(exc, argv)
+    what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    where = f"the traceback is in {path}" if path else "the traceback could not be saved (no writable folder)"
+    _say("internal error", f"{what} — {where}; please report it")
+    return EXIT_INTERNAL
+
+
 def run(args: list[str] | None = None) -> int:
     """Run the command line `args` (default: sys.argv[1:]) and return its exit code (README "Commands").
 
     Usage errors keep typer's usage panel; every other failure is one line on stderr: a
-    SearchRLError's message, or for a bug the exception with the path of its saved traceback.
+    SearchRLError's message, an OSError's path and reason (a file that exists, a folder given for
+    a file), or for a bug the exception with the path of its saved traceback.
     """
     warnings.formatwarning = _format_warning
+    argv = sys.argv[1:] if args is None else args
     try:
-        app(args=args)  # typer ends every command with SystemExit, usage errors and --help included
+        app(args=argv)  # typer ends every command with SystemExit, usage errors and --help included
     except SystemExit as exc:
         code = EXIT_OK if exc.code is None else exc.code
     except SearchRLError as exc:
@@ -535,12 +545,16 @@ def run(args: list[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:  # raised outside a command (typer turns one inside into code 130)
         code = EXIT_INTERRUPTED
+    except OSError as exc:
+        if exc.filename is None:
+            return _internal_error(exc, argv)
+        # A path the user named (or one inside it) that exists, is missing or cannot be written:
+        # bad input the command did not check itself.
+        paths = " -> ".join(str(p) for p in (exc.filename, exc.filename2) if p is not None)
+        _say("error", f"{paths}: {exc.strerror or exc}")
+        return EXIT_USAGE
     except Exception as exc:
-        path = _save_traceback(exc, sys.argv[1:] if args is None else args)
-        what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        where = f"the traceback is in {path}" if path else "the traceback could not be saved (no writable folder)"
-        _say("internal error", f"{what} — {where}; please report it")
-        return EXIT_INTERNAL
+        return _internal_error(exc, argv)
     if code == EXIT_INTERRUPTED:
         _say("error", "interrupted")
     return code
