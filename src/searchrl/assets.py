@@ -281,7 +281,7 @@ def _hub_model(name: str) -> Path | str:
                             f"(a private model needs `hf auth login`). {_model_hint()}") from None
     except HfHubHTTPError:  # the hub answers, with some other error: transformers retries and reports it
         return name
-    except Exception as exc:  # the hub unreachable: network errors come in many types
+    except Exception as exc:  # noqa: BLE001 - the hub unreachable: network errors come in many types
         if snapshot is not None:
             return snapshot
         raise SearchRLError(f"cannot reach the Hugging Face hub at {constants.ENDPOINT} to download model {name!r} "

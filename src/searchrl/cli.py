@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from itertools import pairwise
 from pathlib import Path
 
 import typer
@@ -15,7 +16,14 @@ from rich.console import Console
 from rich.text import Text
 
 from searchrl.display import visible
-from searchrl.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, DataWarning, SearchRLError
+from searchrl.errors import (
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    DataWarning,
+    SearchRLError,
+)
 
 app = typer.Typer(
     help="Teach language models to search while they reason (R1-Searcher, outcome-based RL).",
@@ -485,7 +493,7 @@ def _one_line(text: str) -> str:
     """`text` as one terminal line: its lines joined, other control characters shown as escapes."""
     lines = [line.strip() for line in text.split("\n") if line.strip()] or [""]
     joined = lines[0]
-    for before, line in zip(lines, lines[1:]):  # "invalid X:\n  a: ...\n  b: ..." -> "invalid X: a: ...; b: ..."
+    for before, line in pairwise(lines):  # "invalid X:\n  a: ...\n  b: ..." -> "invalid X: a: ...; b: ..."
         joined += (" " if before.endswith(":") else "; ") + line
     return visible(joined)
 
@@ -553,7 +561,7 @@ def run(args: list[str] | None = None) -> int:
         paths = " -> ".join(str(p) for p in (exc.filename, exc.filename2) if p is not None)
         _say("error", f"{paths}: {exc.strerror or exc}")
         return EXIT_USAGE
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - a bug: one line and a saved traceback, never a traceback
         return _internal_error(exc, argv)
     if code == EXIT_INTERRUPTED:
         _say("error", "interrupted")

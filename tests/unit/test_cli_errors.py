@@ -20,7 +20,14 @@ import pytest
 import typer
 
 from searchrl import cli
-from searchrl.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, DataWarning, SearchRLError
+from searchrl.errors import (
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    DataWarning,
+    SearchRLError,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
