@@ -69,6 +69,17 @@ OUT = {
     "view": ["{evaldir}/predictions.jsonl", "--out", "{folder}"],
 }
 OUT_OPTIONS = ("--out", "--judged-out")
+# Hostile content (issue 29, "Tracebacks shown to users"): each must be one error line too.
+CONTENT = {
+    "data show <deep json>": ["data", "show", "{deep}"],
+    "eval score <deep json>": ["eval", "score", "{deep}"],
+    "view <deep json>": ["view", "{deep}", "--out", "{tmp}/deep.html"],
+    "index build <deep json>": ["index", "build", "{deep}", "--out", "{tmp}/deep-index"],
+    "data show <question 123>": ["data", "show", "{q123}"],
+    "view <n_searches many>": ["view", "{many}", "--out", "{tmp}/many.html"],
+    "eval run <yaml tag in --set>": ["eval", "run", "--model", "tiny-random", "--limit", "1",
+                                     "--set", 'rollout.k=!!python/object/apply:os.system ["true"]'],
+}
 # Cases that fail because of bugs in other engineers' areas, fixed on their branches (issue 29).
 _AS_MISSING = "a directory given for a file is reported as missing: fixed on another i29 branch"
 KNOWN: dict[str, str] = {
@@ -77,6 +88,8 @@ KNOWN: dict[str, str] = {
     **{f"{name} <folder>": f"config.py _read_yaml: {_AS_MISSING}" for name in ("eval report", "train")},
     "index build <folder>": f"corpus reader: {_AS_MISSING}",
     "serve <folder>": "serve --index DIR without manifest.json: a raw FileNotFoundError, not `is not an index` as index search says",
+    **{name: "input validation (RecursionError, TypeError, ValueError, ConstructorError): fixed on another i29 branch"
+       for name in CONTENT},
 }
 
 
@@ -117,11 +130,12 @@ def _hostile_cases() -> list:
     return cases
 
 
-def _out_cases() -> list:
+def _cases(table: dict[str, list[str]]) -> list:
+    """pytest params of `table` (case id -> command line), the KNOWN ones marked."""
     cases = []
-    for name, args in OUT.items():
-        marks = [pytest.mark.xfail(strict=True, reason=KNOWN[name + " <out>"])] if name + " <out>" in KNOWN else []
-        cases.append(pytest.param(name.split() + args, id=f"{name} <out>", marks=marks))
+    for case_id, args in table.items():
+        marks = [pytest.mark.xfail(strict=True, reason=KNOWN[case_id])] if case_id in KNOWN else []
+        cases.append(pytest.param(args, id=case_id, marks=marks))
     return cases
 
 
@@ -145,7 +159,11 @@ def place(tmp_path_factory) -> dict[str, str]:
     (traindir / "metrics.jsonl").write_text("".join(
         json.dumps({"stage": 1, "step": s, "reward": 0.5, "response_tokens": 50, "searches": 1.0, "format_ok": 0.5, "answer_f1": 0.1})
         + "\n" for s in (1, 2)))
-    return {"repo": str(REPO), "tmp": str(tmp), "folder": str(tmp / "folder[v2]"), "file": str(tmp / "out[v2].txt"),
+    (tmp / "deep.jsonl").write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    (tmp / "q123.jsonl").write_text(json.dumps({"id": "a", "question": 123, "answers": ["x"]}) + "\n")
+    (tmp / "many.jsonl").write_text(json.dumps({**record, "n_searches": "many"}) + "\n")
+    return {"repo": str(REPO), "tmp": str(tmp), "deep": str(tmp / "deep.jsonl"), "q123": str(tmp / "q123.jsonl"),
+            "many": str(tmp / "many.jsonl"), "folder": str(tmp / "folder[v2]"), "file": str(tmp / "out[v2].txt"),
             "corpus": str(corpus), "evaldir": str(evaldir), "traindir": str(traindir)}
 
 
@@ -171,6 +189,20 @@ def test_every_command_is_driven():
     assert set(SLOTS) | set(OUT) <= set(COMMANDS)  # no case for a command that is gone
 
 
+@pytest.fixture
+def crash_reports_in_tmp(monkeypatch, tmp_path):
+    """Tracebacks of failing cases saved under tmp_path, not in the user's cache."""
+    real = cli._save_traceback
+
+    def save(exc, argv):
+        with monkeypatch.context() as patch:
+            patch.setenv("SEARCHRL_HOME", str(tmp_path / "home"))
+            return real(exc, argv)
+
+    monkeypatch.setattr(cli, "_save_traceback", save)
+
+
+@pytest.mark.usefixtures("crash_reports_in_tmp")
 @pytest.mark.parametrize(("args", "value"), _hostile_cases())
 def test_hostile_argument_is_one_error_line(args, value, place, capsys, monkeypatch):
     monkeypatch.chdir(place["tmp"])
@@ -182,13 +214,22 @@ def test_hostile_argument_is_one_error_line(args, value, place, capsys, monkeypa
         assert not re.search(r"does not exist|no such", err, re.IGNORECASE), err  # it exists: say what it is
 
 
-@pytest.mark.parametrize("args", _out_cases())
+@pytest.mark.usefixtures("crash_reports_in_tmp")
+@pytest.mark.parametrize("args", _cases({f"{name} <out>": name.split() + args for name, args in OUT.items()}))
 def test_an_output_that_is_not_writable_is_one_error_line(args, place, capsys, monkeypatch):
     monkeypatch.chdir(place["tmp"])
     before = Path(place["file"]).read_text()
     args = _fill(args, place)
     _one_error_line(cli.run(args), *capsys.readouterr(), args)
     assert Path(place["file"]).read_text() == before and not any(Path(place["folder"]).iterdir())
+
+
+@pytest.mark.usefixtures("crash_reports_in_tmp")
+@pytest.mark.parametrize("args", _cases(CONTENT))
+def test_hostile_content_is_one_error_line(args, place, capsys, monkeypatch):
+    monkeypatch.chdir(place["tmp"])
+    args = _fill(args, place)
+    _one_error_line(cli.run(args), *capsys.readouterr(), args)
 
 
 # --- the printer itself ------------------------------------------------------------------------
