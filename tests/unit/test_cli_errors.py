@@ -52,7 +52,7 @@ SLOTS: dict[str, list[str] | None] = {
     "train": ["--config", "{X}", "--out", "{tmp}/train"],
 }
 # An existing file where an output folder goes, or a folder where an output file goes; every
-# other argument valid, so the output is what must be refused (before any work is done).
+# other argument valid, so the output is what must be refused, leaving both as they were.
 OUT = {
     "data compose": ["--take", "toyworld:train=2", "--out", "{folder}"],
     "data localwiki": ["--out", "{file}"],
