@@ -76,20 +76,8 @@ CONTENT = {
     "view <deep json>": ["view", "{deep}", "--out", "{tmp}/deep.html"],
     "index build <deep json>": ["index", "build", "{deep}", "--out", "{tmp}/deep-index"],
     "data show <question 123>": ["data", "show", "{q123}"],
-    "view <n_searches many>": ["view", "{many}", "--out", "{tmp}/many.html"],
     "eval run <yaml tag in --set>": ["eval", "run", "--model", "tiny-random", "--limit", "1",
                                      "--set", 'rollout.k=!!python/object/apply:os.system ["true"]'],
-}
-# Cases that fail because of bugs in other engineers' areas, fixed on their branches (issue 29).
-_AS_MISSING = "a directory given for a file is reported as missing: fixed on another i29 branch"
-KNOWN: dict[str, str] = {
-    **{f"{name} <folder>": f"dataset loader: {_AS_MISSING}"
-       for name in ("data compose", "data select", "data show", "eval retrieval", "eval run")},
-    **{f"{name} <folder>": f"config.py _read_yaml: {_AS_MISSING}" for name in ("eval report", "train")},
-    "index build <folder>": f"corpus reader: {_AS_MISSING}",
-    "serve <folder>": "serve --index DIR without manifest.json: a raw FileNotFoundError, not `is not an index` as index search says",
-    **{name: "input validation (RecursionError, TypeError, ValueError, ConstructorError): fixed on another i29 branch"
-       for name in CONTENT},
 }
 
 
@@ -125,18 +113,13 @@ def _hostile_cases() -> list:
         slots = _slots(name)
         for label in HOSTILE if slots is not None else ():
             case_id = f"{name} <{label}>"
-            marks = [pytest.mark.xfail(strict=True, reason=KNOWN[case_id])] if case_id in KNOWN else []
-            cases.append(pytest.param(name.split() + slots, HOSTILE[label], id=case_id, marks=marks))
+            cases.append(pytest.param(name.split() + slots, HOSTILE[label], id=case_id))
     return cases
 
 
 def _cases(table: dict[str, list[str]]) -> list:
-    """pytest params of `table` (case id -> command line), the KNOWN ones marked."""
-    cases = []
-    for case_id, args in table.items():
-        marks = [pytest.mark.xfail(strict=True, reason=KNOWN[case_id])] if case_id in KNOWN else []
-        cases.append(pytest.param(args, id=case_id, marks=marks))
-    return cases
+    """pytest params of `table` (case id -> command line)."""
+    return [pytest.param(args, id=case_id) for case_id, args in table.items()]
 
 
 @pytest.fixture(scope="module")
@@ -230,6 +213,14 @@ def test_hostile_content_is_one_error_line(args, place, capsys, monkeypatch):
     monkeypatch.chdir(place["tmp"])
     args = _fill(args, place)
     _one_error_line(cli.run(args), *capsys.readouterr(), args)
+
+
+def test_a_count_that_is_no_number_is_one_warning_line_not_an_error(place, capsys, monkeypatch):
+    monkeypatch.chdir(place["tmp"])
+    args = _fill(["view", "{many}", "--out", "{tmp}/many.html"], place)
+    with pytest.warns(DataWarning, match=r"`n_searches` is not a valid number on line\(s\) 1 \(e.g. \"many\"\)"):
+        assert cli.run(args) == EXIT_OK
+    assert Path(place["tmp"], "many.html").is_file()
 
 
 # --- the printer itself ------------------------------------------------------------------------

@@ -117,8 +117,9 @@ def index_identity(source: str) -> str:
     """Names the index's contents in cache keys: its folder, manifest and the manifest's time."""
     if urlsplit(source).scheme in ("http", "https"):
         return source
-    from searchrl.retrieval.store import MANIFEST
+    from searchrl.retrieval.store import MANIFEST, read_manifest
 
+    read_manifest(Path(source))  # a folder that is no index: say so, naming it
     manifest = Path(source) / MANIFEST
     digest = hashlib.sha256(manifest.read_bytes()).hexdigest()[:16]
     return f"{source}@{digest}@{manifest.stat().st_mtime_ns}"

@@ -92,7 +92,8 @@ class PassageStore:
         offsets = array("q", [0])  # 8 bytes per passage; a Python list of ints costs ~4x more
         position = 0
         with open(folder / PASSAGES, "wb") as f:
-            for p in tqdm(passages, desc="Store passages", unit="psg", disable=not progress):
+            # delay: a corpus whose first line is bad fails with its one error line, no bar before it
+            for p in tqdm(passages, desc="Store passages", unit="psg", disable=not progress, delay=1.0):
                 line = json.dumps(
                     {"id": p.id, "title": p.title, "text": p.text}, ensure_ascii=False
                 )
