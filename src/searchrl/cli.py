@@ -292,7 +292,7 @@ def index_search(
     k_factor: int | None = typer.Option(None, "--k-factor", min=1, help="Dense refine stage only: candidates re-ranked per passage (default: the index's)."),
 ) -> None:
     """Search an index with one query and show the top-k passages with their scores."""
-    from searchrl.retrieval.index import search_command
+    from searchrl.retrieval.show import search_command
     from searchrl.retrieval.kinds import SearchSettings
 
     search_command(index_dir, query, k, as_json, SearchSettings(nprobe=nprobe, ef_search=ef_search, k_factor=k_factor))
@@ -478,12 +478,13 @@ def demo(
     config: str = typer.Option("demo-cpu", "--config", help="Training recipe: packaged name (demo-cpu) or YAML path."),
     eval_limit: int = typer.Option(20, "--eval-limit", help="Toy-world test questions evaluated (before and after training)."),
     do_train: bool = typer.Option(True, "--train/--no-train", help="Train Stage 1 and Stage 2, then evaluate again; --no-train stops after evaluating the untrained model."),
+    resume: bool = typer.Option(False, "--resume", help="Continue a stopped demo in --out: finished evaluations kept, training resumed from its newest checkpoint."),
     overrides: list[str] = typer.Argument(None, help="key=value overrides of the training config, e.g. stage1.steps=4."),
 ) -> None:
     """The method on the embedded default: toy world, index, server, evaluation, two-stage training, evaluation again, report."""
     from searchrl.demo import DemoConfig, run_demo
 
-    run_demo(DemoConfig(out=out, train_config=config, eval_limit=eval_limit, train=do_train), overrides or [])
+    run_demo(DemoConfig(out=out, train_config=config, eval_limit=eval_limit, train=do_train, resume=resume), overrides or [])
 
 
 _python_formatwarning = warnings.formatwarning

@@ -40,6 +40,24 @@ class DemoConfig(StrictModel):
     train: bool = Field(
         True, description="Train both stages and evaluate again; False stops after the untrained evaluation."
     )
+    resume: bool = Field(
+        False, description="Continue a stopped demo in `out`: finished evaluations are kept, an interrupted one "
+        "goes on, training resumes from its newest checkpoint.",
+    )
+
+
+def check_out(cfg: DemoConfig) -> None:
+    """A fresh demo starts only in a folder that holds no demo (an earlier run is never overwritten);
+    `resume` needs one to continue."""
+    out = Path(cfg.out)
+    if out.exists() and not out.is_dir():
+        raise SearchRLError(f"--out {out} is a file; give a folder for the demo to write into")
+    earlier = sorted(p.name for p in (out.iterdir() if out.is_dir() else ()) if p.name == "train" or p.name.startswith("eval-"))
+    if earlier and not cfg.resume:
+        raise SearchRLError(
+            f"{out} already holds a demo ({', '.join(earlier)}): continue it with `searchrl demo --resume --out {out}`, "
+            "or choose another --out (or remove that folder to start over)"
+        )
 
 
 def resolve_config_path(name: str) -> Path:
@@ -76,7 +94,8 @@ def _evaluate(
         out=str(out / f"eval-{label}-{method}"),
     )
     console.print(f"[bold]evaluate[/] {label} model, method {method}, {cfg.eval_limit} questions of {cfg.dataset}")
-    metrics = run_eval(ecfg, progress=True, backend=backend)
+    resume = cfg.resume and (Path(ecfg.out) / "config.yaml").is_file()
+    metrics = run_eval(ecfg, progress=True, backend=backend, resume=resume)
     console.print(
         f"  cover-EM {metrics['cover_em']:.1%}  F1 {metrics['f1']:.1%}  searched {metrics['search_rate']:.0%}"
         f"  format ok {metrics['format_ok_rate']:.0%}  ({metrics['seconds']:.0f} s)"
@@ -182,6 +201,7 @@ def run_demo(cfg: DemoConfig, overrides: Sequence[str] = ()) -> Path:
     from searchrl.runlog import read_metrics
 
     started = time.perf_counter()
+    check_out(cfg)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     train_cfg = load_config(TrainConfig, resolve_config_path(cfg.train_config), list(overrides))
@@ -215,7 +235,7 @@ def run_demo(cfg: DemoConfig, overrides: Sequence[str] = ()) -> Path:
         plots: list[Path] = []
         if cfg.train:
             console.rule("4. training: Stage 1 then Stage 2")
-            run_dir = train(train_cfg)
+            run_dir = train(train_cfg, resume=out / "train" if cfg.resume and (out / "train" / "config.yaml").is_file() else None)
             final = latest_checkpoint(run_dir)
             if final is None:
                 raise SearchRLError(f"training wrote no checkpoint under {run_dir}")

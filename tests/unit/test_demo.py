@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import yaml
@@ -71,6 +72,27 @@ def test_demo_trains_both_stages_then_reports_before_after_and_curves(tmp_path):
     report = (out / "report.md").read_text()
     assert "Stage 1 (learn to call search)" in report and "Stage 2 (learn to use the results)" in report
     assert "(plots/training_curves.png)" in report and (out / "plots" / "training_curves.png").is_file()
+
+
+def test_demo_never_overwrites_an_earlier_demo_and_resume_goes_on_from_it(tmp_path):
+    tiny = ["model=tiny-random", "stage1.steps=1", "stage2.steps=1", "stage1.samples_per_prompt=2",
+            "stage2.samples_per_prompt=2", "rollout.max_new_tokens=8", "logging.progress=false"]
+    cfg = DemoConfig(out=str(tmp_path / "demo"), eval_limit=1, eval_max_new_tokens=16)
+    out = run_demo(cfg, tiny)
+    written = {p: p.read_bytes() for p in out.glob("eval-*/predictions.jsonl")}
+    with pytest.raises(SearchRLError, match=r"already holds a demo \(eval-trained-agent, eval-untrained-agent, "
+                                            r"eval-untrained-rag, train\): continue it with `searchrl demo --resume"):
+        run_demo(cfg, tiny)
+    # A stop after Stage 1's checkpoint and before the trained evaluation: resume trains Stage 2 only.
+    ckpts = sorted((out / "train" / "checkpoints").iterdir())
+    shutil.rmtree(ckpts[-1])
+    shutil.rmtree(out / "eval-trained-agent")
+    metrics = (out / "train" / "metrics.jsonl").read_text().splitlines()
+    (out / "train" / "metrics.jsonl").write_text(metrics[0] + "\n")
+    run_demo(cfg.model_copy(update={"resume": True}), tiny)
+    assert [r["stage"] for r in read_metrics(out / "train")] == [1, 2]
+    assert all(p.read_bytes() == before for p, before in written.items() if "untrained" in str(p))
+    assert json.loads((out / "eval-trained-agent" / "metrics.json").read_text())["n"] == 1
 
 
 def test_demo_runs_the_sft_recipe_with_gold_paths_from_the_local_index(tmp_path):
