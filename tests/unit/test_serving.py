@@ -297,24 +297,16 @@ def bm25_dir(tmp_path_factory):
     )
 
 
+def serve_cmd(index_dir, port: int, *options: str) -> list[str]:
+    """The `searchrl serve` command line for a test server on `port`."""
+    return [sys.executable, "-m", "searchrl.cli", "serve", "--index", str(index_dir), "--port", str(port), *options]
+
+
 def test_serve_with_two_workers_answers_and_shares_its_cache(bm25_dir, tmp_path):
     from searchrl.retrieval.index import open_index
 
     port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "searchrl.cli",
-        "serve",
-        "--index",
-        str(bm25_dir),
-        "--port",
-        str(port),
-        "--workers",
-        "2",
-        "--cache-file",
-        str(tmp_path / "cache.sqlite"),
-    ]
+    cmd = serve_cmd(bm25_dir, port, "--workers", "2", "--cache-file", str(tmp_path / "cache.sqlite"))
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     queries = ["capital of Germany", "Rhine Netherlands", "newline title", "capital of France"]
@@ -401,18 +393,7 @@ def guarded(bm25_dir):
     import os
 
     port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "searchrl.cli",
-        "serve",
-        "--index",
-        str(bm25_dir),
-        "--port",
-        str(port),
-        "--api-key-env",
-        TOKEN_ENV,
-    ]
+    cmd = serve_cmd(bm25_dir, port, "--api-key-env", TOKEN_ENV)
     env = {**os.environ, TOKEN_ENV: TOKEN}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     url = f"http://127.0.0.1:{port}"
