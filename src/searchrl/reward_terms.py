@@ -111,7 +111,7 @@ def tool_cost(x: RewardInput, *, per_call: float = 0.1, per_tool: dict[str, floa
     """
     costs = per_tool or {}
     calls = {"search": x.traj.n_searches}
-    return -sum((costs[name] if name in costs else per_call) * n for name, n in calls.items())
+    return -sum(costs.get(name, per_call) * n for name, n in calls.items())
 
 
 def _same_query(query: str) -> str:

@@ -281,7 +281,7 @@ class RewardConfig(StrictModel):
     require_think: bool = True
     """Format rule `think`: the reasoning sits in one think block closed right before the answer
     (paper). False drops that rule, for models too small to close `</think>` (the CPU demo)."""
-    terms: dict[str, TermConfig] = {}
+    terms: dict[str, TermConfig] = Field(default_factory=dict)
     """Terms added to the three above, by name (`REWARD_TERMS`: `tool_cost`, `duplicate_query`, or
     one a user registered), each with a weight and its parameters:
     `{duplicate_query: {weight: 1.0, penalty: 0.5}, tool_cost: {per_call: 0.05}}` (a term with

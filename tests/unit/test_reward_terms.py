@@ -69,44 +69,44 @@ def bits(*xs: float) -> tuple[str, ...]:
     return tuple(float(x).hex() for x in xs)
 
 
-AUTHORS_STAGE1 = dict(stage=1, retrieve_hit=0.5, retrieve_miss=0.0, retrieve_requires_format=True, format_ok=0.0, format_bad=-1.0, answer_weight=1.0)
+AUTHORS_STAGE1 = {"stage": 1, "retrieve_hit": 0.5, "retrieve_miss": 0.0, "retrieve_requires_format": True, "format_ok": 0.0, "format_bad": -1.0, "answer_weight": 1.0}
 
 # (config, trajectory, total by the old formula: retrieve_weight·R_retrieve + R_format + answer_weight·R_answer)
 HAND = [
     # Stage 1 (retrieve_weight 1, hit +1, miss -1; format +1 / -1; answer_weight 0)
-    (dict(stage=1), "searched_right", 2.0),  # 1·1 + 1 + 0·1
-    (dict(stage=1), "searched_wrong", 2.0),  # the answer does not count in Stage 1
-    (dict(stage=1), "guessed_right", 0.0),  # 1·(-1) + 1 + 0
-    (dict(stage=1), "searched_no_think", 0.0),  # 1·1 - 1 + 0
-    (dict(stage=1, require_think=False), "searched_no_think", 2.0),  # the think rule dropped: format ok
-    (dict(stage=1), "nothing", -2.0),  # 1·(-1) - 1
-    (dict(stage=1, max_answer_words=2), "long_answer", 0.0),  # answer_length fails: 1 - 1
-    (dict(stage=1, max_answer_words=3), "long_answer", 2.0),  # 3 words are allowed
-    (dict(stage=1, retrieve_hit=0.5, retrieve_miss=0.0), "guessed_right", 1.0),  # 0 + 1
-    (dict(stage=1, retrieve_weight=2.0), "searched_right", 3.0),  # 2·1 + 1
+    ({"stage": 1}, "searched_right", 2.0),  # 1·1 + 1 + 0·1
+    ({"stage": 1}, "searched_wrong", 2.0),  # the answer does not count in Stage 1
+    ({"stage": 1}, "guessed_right", 0.0),  # 1·(-1) + 1 + 0
+    ({"stage": 1}, "searched_no_think", 0.0),  # 1·1 - 1 + 0
+    ({"stage": 1, "require_think": False}, "searched_no_think", 2.0),  # the think rule dropped: format ok
+    ({"stage": 1}, "nothing", -2.0),  # 1·(-1) - 1
+    ({"stage": 1, "max_answer_words": 2}, "long_answer", 0.0),  # answer_length fails: 1 - 1
+    ({"stage": 1, "max_answer_words": 3}, "long_answer", 2.0),  # 3 words are allowed
+    ({"stage": 1, "retrieve_hit": 0.5, "retrieve_miss": 0.0}, "guessed_right", 1.0),  # 0 + 1
+    ({"stage": 1, "retrieve_weight": 2.0}, "searched_right", 3.0),  # 2·1 + 1
     # The authors' Stage 1: +0.5 for a search with a correct format, format 0 / -1, answer weight 1
     (AUTHORS_STAGE1, "searched_right", 1.5),  # 0.5 + 0 + 1
     (AUTHORS_STAGE1, "searched_no_think", 0.0),  # search not paid (format bad): 0 - 1 + 1
     (AUTHORS_STAGE1, "guessed_right", 1.0),  # 0 + 0 + 1
     (AUTHORS_STAGE1, "searched_partial", 0.5 + 0.0 + 2 / 3),
     # Stage 2 (retrieve_weight 0; format 0 / -2; answer_weight 1, F1)
-    (dict(stage=2), "searched_right", 1.0),  # 0·1 + 0 + 1
-    (dict(stage=2), "searched_partial", 0.0 + 0.0 + 2 / 3),
-    (dict(stage=2), "searched_wrong", 0.0),
-    (dict(stage=2), "guessed_right", 1.0),  # 0·(-1) + 0 + 1
-    (dict(stage=2), "searched_no_think", -1.0),  # 0 - 2 + 1: the paper's sum
-    (dict(stage=2, answer_requires_format=True), "searched_no_think", -2.0),  # 0 - 2 + 0
-    (dict(stage=2), "nothing", -2.0),  # 0 - 2 + 0
-    (dict(stage=2, max_answer_words=2), "long_answer", -1.5),  # 0 - 2 + 1/2
-    (dict(stage=2, answer_metric="em"), "searched_partial", 0.0),
-    (dict(stage=2, answer_metric="cem"), "searched_partial", 1.0),
-    (dict(stage=2, answer_metric="cem_substr"), "searched_partial", 1.0),
-    (dict(stage=2, answer_metric="em"), "searched_right", 1.0),
-    (dict(stage=2, retrieve_weight=0.5), "searched_right", 1.5),  # 0.5·1 + 0 + 1
-    (dict(stage=2, retrieve_weight=0.5), "guessed_right", 0.5),  # 0.5·(-1) + 0 + 1
-    (dict(stage=2, retrieve_weight=1.0, retrieve_miss=-0.5), "guessed_right", 0.5),  # -0.5 + 0 + 1
-    (dict(stage=2, format_ok=0.25, format_bad=-3.0, answer_weight=2.0), "searched_right", 2.25),  # 0 + 0.25 + 2·1
-    (dict(stage=2, format_ok=0.25, format_bad=-3.0, answer_weight=2.0), "searched_no_think", -1.0),  # -3 + 2·1
+    ({"stage": 2}, "searched_right", 1.0),  # 0·1 + 0 + 1
+    ({"stage": 2}, "searched_partial", 0.0 + 0.0 + 2 / 3),
+    ({"stage": 2}, "searched_wrong", 0.0),
+    ({"stage": 2}, "guessed_right", 1.0),  # 0·(-1) + 0 + 1
+    ({"stage": 2}, "searched_no_think", -1.0),  # 0 - 2 + 1: the paper's sum
+    ({"stage": 2, "answer_requires_format": True}, "searched_no_think", -2.0),  # 0 - 2 + 0
+    ({"stage": 2}, "nothing", -2.0),  # 0 - 2 + 0
+    ({"stage": 2, "max_answer_words": 2}, "long_answer", -1.5),  # 0 - 2 + 1/2
+    ({"stage": 2, "answer_metric": "em"}, "searched_partial", 0.0),
+    ({"stage": 2, "answer_metric": "cem"}, "searched_partial", 1.0),
+    ({"stage": 2, "answer_metric": "cem_substr"}, "searched_partial", 1.0),
+    ({"stage": 2, "answer_metric": "em"}, "searched_right", 1.0),
+    ({"stage": 2, "retrieve_weight": 0.5}, "searched_right", 1.5),  # 0.5·1 + 0 + 1
+    ({"stage": 2, "retrieve_weight": 0.5}, "guessed_right", 0.5),  # 0.5·(-1) + 0 + 1
+    ({"stage": 2, "retrieve_weight": 1.0, "retrieve_miss": -0.5}, "guessed_right", 0.5),  # -0.5 + 0 + 1
+    ({"stage": 2, "format_ok": 0.25, "format_bad": -3.0, "answer_weight": 2.0}, "searched_right", 2.25),  # 0 + 0.25 + 2·1
+    ({"stage": 2, "format_ok": 0.25, "format_bad": -3.0, "answer_weight": 2.0}, "searched_no_think", -1.0),  # -3 + 2·1
 ]
 
 
@@ -243,3 +243,14 @@ def test_a_users_term_is_in_the_total_and_in_the_logged_metrics(world, tmp_path)
     assert rec["reward"] == pytest.approx(sum(rec[f"reward/{n}"] for n in ("retrieve", "format", "answer", "length_penalty")))
     assert (rec["reward/retrieve"], rec["reward/format"], rec["reward/answer"]) == (
         rec["reward_retrieve"], rec["reward_format"], rec["reward_answer"])
+
+
+def test_every_term_has_a_docstring_and_its_examples_pass():
+    import doctest
+
+    import searchrl.reward_terms
+
+    for name in ("retrieve", "format", "answer", "tool_cost", "duplicate_query"):
+        assert ">>>" in (REWARD_TERMS.get(name).__doc__ or ""), name
+    result = doctest.testmod(searchrl.reward_terms)
+    assert result.attempted >= 15 and result.failed == 0
