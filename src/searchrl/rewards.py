@@ -25,17 +25,20 @@ no rollout can earn teaches nothing. Every other rule still holds.
 
 from __future__ import annotations
 
+import functools
+import operator
 import re
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from searchrl.config import StrictModel
 from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.metrics import ANSWER_METRICS
 from searchrl.registry import Registry
+from searchrl.reward_terms import REWARD_TERMS, RewardInput, term_params
 from searchrl.tags import TagSet, extract_answer
 
 FORMAT_RULES = (
@@ -213,7 +216,7 @@ def check_format(
 
 
 # ----------------------------------------------------------------------------------------------
-# Stage rewards
+# Stage rewards: weighted sums of named terms (searchrl.reward_terms)
 
 
 # The paper's magnitudes per stage (SPEC §3): a stage is a preset of the same fields, so any
@@ -223,11 +226,29 @@ REWARD_STAGES.register("stage1")({"retrieve_weight": 1.0, "format_ok": 1.0, "for
 REWARD_STAGES.register("stage2")({"retrieve_weight": 0.0, "format_ok": 0.0, "format_bad": -2.0, "answer_weight": 1.0})
 
 
+class TermConfig(StrictModel):
+    """A term a stage adds to its reward: its weight, then values for the term's own parameters,
+    named as in its function's signature (`searchrl.reward_terms`) and checked against it when
+    the config loads, so the extra keys a strict model refuses are allowed here."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
+    weight: float = 1.0
+    """Multiplies the term's value in the reward (costs and penalties are negative values)."""
+
+    @property
+    def params(self) -> dict:
+        return dict(self.model_extra or {})
+
+
+BUILT_IN_TERMS = {"retrieve": "retrieve_*", "format": "format_ok / format_bad", "answer": "answer_*"}
+
+
 class RewardConfig(StrictModel):
-    """Reward = retrieve_weight · R_retrieve + R_format + answer_weight · R_answer. `stage` names the
-    preset that fills every magnitude not set (defaults: the paper's table, SPEC §3); the authors'
-    code differs in places (e.g. Stage 1 adds +0.5 for retrieval only when the format is right),
-    so each is here."""
+    """Reward = retrieve_weight · R_retrieve + R_format + answer_weight · R_answer + Σ weight · term
+    over `terms`. `stage` names the preset that fills every magnitude not set (defaults: the
+    paper's table, SPEC §3); the authors' code differs in places (e.g. Stage 1 adds +0.5 for
+    retrieval only when the format is right), so each is here."""
 
     stage: str = "stage2"
     """Preset: `stage1` (R_retrieve + R_format: learn to call search) or `stage2` (R_answer +
@@ -260,6 +281,12 @@ class RewardConfig(StrictModel):
     require_think: bool = True
     """Format rule `think`: the reasoning sits in one think block closed right before the answer
     (paper). False drops that rule, for models too small to close `</think>` (the CPU demo)."""
+    terms: dict[str, TermConfig] = Field(default_factory=dict)
+    """Terms added to the three above, by name (`REWARD_TERMS`: `tool_cost`, `duplicate_query`, or
+    one a user registered), each with a weight and its parameters:
+    `{duplicate_query: {weight: 1.0, penalty: 0.5}, tool_cost: {per_call: 0.05}}` (a term with
+    no keys: weight 1, its defaults). Logged as `reward/<name>` like the built-in three. None in
+    the paper recipe."""
 
     @model_validator(mode="before")
     @classmethod
@@ -276,6 +303,31 @@ class RewardConfig(StrictModel):
         ANSWER_METRICS.get(v)
         return v
 
+    @field_validator("terms", mode="before")
+    @classmethod
+    def _empty_term_is_defaults(cls, v):
+        # `terms: {duplicate_query: }` in YAML is a term with no keys
+        return {name: {} if t is None else t for name, t in v.items()} if isinstance(v, dict) else v
+
+    @field_validator("terms")
+    @classmethod
+    def _known_terms(cls, v: dict[str, TermConfig]) -> dict[str, TermConfig]:
+        for name in v:
+            if name in BUILT_IN_TERMS:
+                raise ValueError(f"{name!r} is a term of every stage: set its magnitudes with {BUILT_IN_TERMS[name]} instead")
+        return {name: TermConfig(weight=t.weight, **term_params(name, t.params)) for name, t in v.items()}
+
+    def stage_terms(self) -> list[tuple[str, float, dict]]:
+        """The stage's reward as (term, weight, parameters), summed in this order: R_retrieve,
+        R_format and R_answer from the magnitudes above (the paper's formula), then `terms`."""
+        return [
+            ("retrieve", self.retrieve_weight,
+             {"hit": self.retrieve_hit, "miss": self.retrieve_miss, "requires_format": self.retrieve_requires_format}),
+            ("format", 1.0, {"ok": self.format_ok, "bad": self.format_bad}),
+            ("answer", self.answer_weight, {"metric": self.answer_metric, "requires_format": self.answer_requires_format}),
+            *((name, t.weight, t.params) for name, t in self.terms.items()),
+        ]
+
 
 @dataclass(frozen=True)
 class RewardBreakdown:
@@ -288,24 +340,10 @@ class RewardBreakdown:
     format_ok: bool
     failed_rules: list[str]
     answer_score: float  # the raw answer metric, reported in both stages
+    terms: dict[str, float] = field(default_factory=dict)  # weight · value per term (the three above too)
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def stage_reward(format_ok: bool, n_searches: int, answer_score: float, cfg: RewardConfig) -> tuple[float, float, float]:
-    """(weighted R_retrieve, R_format, weighted R_answer) of one rollout.
-
-    >>> stage_reward(True, 2, 0.0, RewardConfig(stage=1)), stage_reward(False, 0, 1.0, RewardConfig(stage=1))
-    ((1.0, 1.0, 0.0), (-1.0, -1.0, 0.0))
-    >>> stage_reward(True, 1, 0.5, RewardConfig()), stage_reward(False, 1, 0.5, RewardConfig())
-    ((0.0, 0.0, 0.5), (0.0, -2.0, 0.5))
-    """
-    searched = n_searches >= 1 and (format_ok or not cfg.retrieve_requires_format)
-    retrieve = cfg.retrieve_weight * (cfg.retrieve_hit if searched else cfg.retrieve_miss)
-    fmt = cfg.format_ok if format_ok else cfg.format_bad
-    answer = cfg.answer_weight * answer_score if (format_ok or not cfg.answer_requires_format) else 0.0
-    return retrieve, fmt, answer
 
 
 def compute_reward(
@@ -316,7 +354,7 @@ def compute_reward(
     *,
     think_opened_in_prompt: bool = True,
 ) -> RewardBreakdown:
-    """The reward of one trajectory under `cfg`.
+    """The reward of one trajectory under `cfg`: the sum of its stage's weighted terms.
 
     The answer is `traj.answer` as the engine recorded it, else the last answer block of the
     policy's text.
@@ -328,8 +366,12 @@ def compute_reward(
     ...      Segment("</think><answer>the Tessaly river</answer>", "policy")], n_searches=1)
     >>> compute_reward(t, ["Tessaly"], RewardConfig(stage=2), R1SEARCHER_TAGS).total  # F1: P=1/2, R=1
     0.6666666666666666
-    >>> compute_reward(t, ["Tessaly"], RewardConfig(stage=1), R1SEARCHER_TAGS).total
-    2.0
+    >>> compute_reward(t, ["Tessaly"], RewardConfig(stage=1), R1SEARCHER_TAGS).terms
+    {'retrieve': 1.0, 'format': 1.0, 'answer': 0.0}
+    >>> cfg = RewardConfig(stage=1, terms={"tool_cost": {"weight": 2, "per_call": 0.25}})
+    >>> r = compute_reward(t, ["Tessaly"], cfg, R1SEARCHER_TAGS)
+    >>> r.total, r.terms["tool_cost"]
+    (1.5, -0.5)
     """
     verdict = check_format(
         traj,
@@ -343,14 +385,16 @@ def compute_reward(
         if traj.answer is not None
         else extract_answer(policy_view(traj.segments, tags), tags)
     )
-    score = ANSWER_METRICS.get(cfg.answer_metric)(prediction, golds)
-    retrieve, fmt, answer = stage_reward(verdict.ok, traj.n_searches, score, cfg)
+    x = RewardInput(golds, traj, verdict, prediction)
+    parts = {name: weight * float(REWARD_TERMS.get(name)(x, **params)) for name, weight, params in cfg.stage_terms()}
     return RewardBreakdown(
-        total=retrieve + fmt + answer,
-        retrieve=retrieve,
-        format=fmt,
-        answer=answer,
+        # left to right from the first term, as `retrieve + format + answer` was: the same floats
+        total=functools.reduce(operator.add, parts.values()),
+        retrieve=parts["retrieve"],
+        format=parts["format"],
+        answer=parts["answer"],
         format_ok=verdict.ok,
         failed_rules=list(verdict.failed),
-        answer_score=score,
+        answer_score=ANSWER_METRICS.get(cfg.answer_metric)(prediction, golds),
+        terms=parts,
     )

@@ -263,7 +263,9 @@ def test_engine_answer_wins_and_breakdown_serialises():
         "format_ok",
         "failed_rules",
         "answer_score",
+        "terms",
     }
+    assert r.to_dict()["terms"] == {"retrieve": 0.0, "format": 0.0, "answer": 0.0}
 
 
 def test_reward_config_validation():

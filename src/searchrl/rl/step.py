@@ -210,6 +210,8 @@ def record(at: StepIndex, scored: Scored, sums: torch.Tensor, stats: UpdateStats
         "tokens_per_s": tokens / max(timing.rollout_seconds, 1e-9),
         **asdict(timing),
     }
+    for name in dict.fromkeys(n for r in rewards for n in r.terms):  # the stage's terms, weighted
+        out[f"reward/{name}"] = _mean(r.terms[name] for r in rewards)
     for reason in STOP_REASONS:
         out[f"stop_{reason}"] = _mean(t.stop_reason == reason for t in trajs)
     for rule in FORMAT_RULES:  # which rule holds format_ok down

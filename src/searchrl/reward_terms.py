@@ -1,0 +1,164 @@
+"""Reward terms: the named parts a stage's reward is a weighted sum of (README "Reward terms").
+
+A term is a pure function of one `RewardInput` (a trajectory, its question's gold answers, the
+format verdict and the answer read from it) and its own keyword-only parameters, returning a
+float. It is registered by name in `REWARD_TERMS`; a stage names it in `reward.terms` with a
+weight and values for its parameters, checked against the function's signature when the config
+loads. A user adds a term by registering one before the config is loaded:
+
+    @REWARD_TERMS.register("length_penalty")
+    def length_penalty(x: RewardInput, *, per_word: float = 0.01) -> float:
+        return -per_word * len((x.prediction or "").split())
+
+and naming it: `stage2.reward.terms: {length_penalty: {weight: 1.0, per_word: 0.02}}`.
+
+Built in: `retrieve`, `format` and `answer` (the paper's R_retrieve, R_format, R_answer; every
+stage has them, set by the stage preset's magnitudes in `RewardConfig`), `tool_cost` and
+`duplicate_query` (off in the paper recipe: a stage adds them in `reward.terms`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import TYPE_CHECKING
+
+from pydantic import ConfigDict, ValidationError, create_model
+
+from searchrl.data.trajectory import Trajectory
+from searchrl.metrics import ANSWER_METRICS
+from searchrl.registry import Registry
+
+if TYPE_CHECKING:
+    from searchrl.rewards import FormatVerdict
+
+
+@dataclass(frozen=True)
+class RewardInput:
+    """What a term scores: one rollout and what the format check read from it."""
+
+    golds: Sequence[str]  # the question's gold answers (aliases)
+    traj: Trajectory
+    verdict: FormatVerdict
+    prediction: str | None  # the answer (`traj.answer`, else the policy's last answer block)
+
+
+RewardTerm = Callable[..., float]  # (RewardInput, *, **params) -> float
+REWARD_TERMS: Registry[RewardTerm] = Registry("reward term")
+
+
+@REWARD_TERMS.register("retrieve")
+def retrieve(x: RewardInput, *, hit: float = 1.0, miss: float = -1.0, requires_format: bool = False) -> float:
+    """R_retrieve: `hit` when the rollout searched at least once, else `miss`; with
+    `requires_format` a search counts only when the format check passes too (the authors' code).
+
+    >>> from searchrl.rewards import FormatVerdict
+    >>> def rollout(n_searches, ok=True):
+    ...     return RewardInput(["x"], Trajectory("q", "?", [], [], [], [], [], n_searches=n_searches), FormatVerdict(ok), None)
+    >>> retrieve(rollout(2)), retrieve(rollout(0)), retrieve(rollout(1, ok=False))
+    (1.0, -1.0, 1.0)
+    >>> retrieve(rollout(1, ok=False), hit=0.5, miss=0.0, requires_format=True)
+    0.0
+    """
+    searched = x.traj.n_searches >= 1 and (x.verdict.ok or not requires_format)
+    return hit if searched else miss
+
+
+@REWARD_TERMS.register("format")
+def format_term(x: RewardInput, *, ok: float = 1.0, bad: float = -1.0) -> float:
+    """R_format: `ok` when the format check passes, `bad` when it fails (the rules are in
+    `searchrl.rewards`).
+
+    >>> from searchrl.rewards import FormatVerdict
+    >>> def rollout(ok):
+    ...     return RewardInput(["x"], Trajectory("q", "?", [], [], [], [], []), FormatVerdict(ok), None)
+    >>> format_term(rollout(True)), format_term(rollout(False)), format_term(rollout(False), ok=0.0, bad=-2.0)
+    (1.0, -1.0, -2.0)
+    """
+    return ok if x.verdict.ok else bad
+
+
+@REWARD_TERMS.register("answer")
+def answer(x: RewardInput, *, metric: str = "f1", requires_format: bool = False) -> float:
+    """R_answer: the answer metric (`f1`, `em`, `cem`, `cem_substr`: `ANSWER_METRICS`) of the
+    prediction against the golds; with `requires_format`, 0 when the format check fails.
+
+    >>> from searchrl.rewards import FormatVerdict
+    >>> def rollout(prediction, ok=True):
+    ...     return RewardInput(["Tessaly"], Trajectory("q", "?", [], [], [], [], []), FormatVerdict(ok), prediction)
+    >>> answer(rollout("the Tessaly river"))  # F1: P=1/2, R=1
+    0.6666666666666666
+    >>> answer(rollout("the Tessaly river"), metric="cem"), answer(rollout("Velmar"), metric="em")
+    (1.0, 0.0)
+    >>> answer(rollout("Tessaly", ok=False)), answer(rollout("Tessaly", ok=False), requires_format=True)
+    (1.0, 0.0)
+    """
+    return ANSWER_METRICS.get(metric)(x.prediction, x.golds) if (x.verdict.ok or not requires_format) else 0.0
+
+
+@REWARD_TERMS.register("tool_cost")
+def tool_cost(x: RewardInput, *, per_call: float = 0.1, per_tool: dict[str, float] | None = None) -> float:
+    """Minus the cost of the rollout's tool calls: `per_tool[name]` per call of tool `name`,
+    `per_call` for a tool not listed. The only tool today is `search` (`traj.n_searches` calls).
+
+    >>> from searchrl.rewards import FormatVerdict
+    >>> three = RewardInput(["x"], Trajectory("q", "?", [], [], [], [], [], n_searches=3), FormatVerdict(True), None)
+    >>> tool_cost(three, per_call=0.25), tool_cost(three, per_call=0.25, per_tool={"search": 0.5, "open": 0.0})
+    (-0.75, -1.5)
+    """
+    costs = per_tool or {}
+    calls = {"search": x.traj.n_searches}
+    return -sum(costs.get(name, per_call) * n for name, n in calls.items())
+
+
+def _same_query(query: str) -> str:
+    # Casefold and collapse whitespace only: two queries a retriever may treat differently
+    # (punctuation, articles) are never called repeats.
+    return " ".join(query.casefold().split())
+
+
+@REWARD_TERMS.register("duplicate_query")
+def duplicate_query(x: RewardInput, *, penalty: float = 0.5) -> float:
+    """Minus `penalty` per query that repeats an earlier one of the same rollout, compared
+    casefolded with whitespace collapsed ("Tessaly  river" repeats "tessaly river").
+
+    >>> from searchrl.rewards import FormatVerdict
+    >>> queries = ["Tessaly river", "tessaly  River", "Quellbridge", "Tessaly river", "Tessaly river?"]
+    >>> x = RewardInput(["x"], Trajectory("q", "?", [], [], [], [], [], queries=queries, n_searches=5), FormatVerdict(True), None)
+    >>> duplicate_query(x), duplicate_query(x, penalty=0.25)
+    (-1.0, -0.5)
+    """
+    return -penalty * (len(x.traj.queries) - len({_same_query(q) for q in x.traj.queries}))
+
+
+@cache
+def _params_model(fn: RewardTerm):
+    """A pydantic model of `fn`'s keyword-only parameters (their annotations and defaults)."""
+    hints = typing.get_type_hints(fn)
+    fields = {
+        p.name: (hints.get(p.name, typing.Any), ... if p.default is p.empty else p.default)
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind is p.KEYWORD_ONLY
+    }
+    return create_model(f"{fn.__name__}_params", __config__=ConfigDict(extra="forbid"), **fields)
+
+
+def term_params(name: str, given: dict) -> dict:
+    """`given` checked against term `name`'s keyword-only parameters and converted to their
+    types; a wrong name or value raises ValueError naming the term, the parameter and the fix.
+
+    >>> term_params("duplicate_query", {"penalty": 1})
+    {'penalty': 1.0}
+    """
+    model = _params_model(REWARD_TERMS.get(name))
+    if "weight" in model.model_fields:
+        raise ValueError(f"reward term {name!r} has a parameter named weight, which the stage's weight of a term shadows; rename it")
+    try:
+        return model(**given).model_dump()
+    except ValidationError as exc:
+        known = ", ".join(model.model_fields) or "(none)"
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"reward term {name!r}: {problems} (its parameters: {known})") from None
