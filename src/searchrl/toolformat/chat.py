@@ -34,7 +34,11 @@ def shipped_templates() -> list[str]:
 def load_chat_template(name_or_path: str) -> str:
     """A chat template's source: a shipped name (`hermes-fallback`) or a `.jinja` file path."""
     if name_or_path in shipped_templates():
-        return resources.files("searchrl").joinpath(f"{TEMPLATE_DIR}/{name_or_path}.jinja").read_text("utf-8")
+        return (
+            resources.files("searchrl")
+            .joinpath(f"{TEMPLATE_DIR}/{name_or_path}.jinja")
+            .read_text("utf-8")
+        )
     path = Path(os.path.expanduser(name_or_path))
     if path.suffix == ".jinja" and path.is_file():
         return path.read_text(encoding="utf-8")
@@ -101,22 +105,29 @@ class NativeChat:
         model never samples, e.g. ChatML's newline), read from a probe rendering."""
         probe = [{"role": "user", "content": "ping"}]
         head = self.render(probe, add_generation_prompt=True)
-        full = self.render([*probe, {"role": "assistant", "content": "pong"}], add_generation_prompt=False)
-        if not full.startswith(head) or "pong" not in full[len(head):]:
+        full = self.render(
+            [*probe, {"role": "assistant", "content": "pong"}], add_generation_prompt=False
+        )
+        if not full.startswith(head) or "pong" not in full[len(head) :]:
             raise SearchRLError(
                 "the chat template's generation prompt is not the start of its assistant message; "
                 "pick another template (template: hermes-fallback)"
             )
-        tail = full[len(head):].split("pong", 1)[1]
+        tail = full[len(head) :].split("pong", 1)[1]
         ids = self.encode(tail)
         end = self.tokenizer.decode(ids[:1]) if ids else ""
-        if not ids or not tail.startswith(end) or self.encode(end) != ids[:1] or ids[0] not in self._special_ids():
+        if (
+            not ids
+            or not tail.startswith(end)
+            or self.encode(end) != ids[:1]
+            or ids[0] not in self._special_ids()
+        ):
             raise SearchRLError(
                 f"the chat template ends an assistant turn with {tail!r}, which this tokenizer has no "
                 "single special token for, so the policy cannot sample the end of a turn; use a "
                 "template written for this tokenizer (template: hermes-fallback for ChatML models)"
             )
-        return ids[0], tail[len(end):]
+        return ids[0], tail[len(end) :]
 
     def _special_ids(self) -> set[int]:
         added = getattr(self.tokenizer, "added_tokens_decoder", {}) or {}
@@ -133,11 +144,16 @@ class NativeChat:
     def assistant_message(self, turn: Turn) -> Message:
         """The turn as a chat message for the history: well-formed calls as `tool_calls`, the
         text without them (reasoning kept, for templates that read it back) as `content`."""
-        content = f"<think>\n{turn.reasoning}\n</think>\n\n{turn.final_text}" if turn.reasoning else turn.final_text
+        content = (
+            f"<think>\n{turn.reasoning}\n</think>\n\n{turn.final_text}"
+            if turn.reasoning
+            else turn.final_text
+        )
         message: Message = {"role": "assistant", "content": content}
         if turn.calls:
             message["tool_calls"] = [
-                {"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in turn.calls
+                {"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in turn.calls
             ]
         return message
 
@@ -147,7 +163,10 @@ class NativeChat:
         return {"role": "tool", "name": name, "content": text}
 
     def observation_ids(
-        self, history: Sequence[Message], sampled_ids: Sequence[int], tool_messages: Sequence[Message]
+        self,
+        history: Sequence[Message],
+        sampled_ids: Sequence[int],
+        tool_messages: Sequence[Message],
     ) -> list[int]:
         """The ids to append (loss mask 0) after the policy's `sampled_ids`: the separator the
         template writes after the end-of-turn token, the tool-result block(s) and the next
@@ -170,13 +189,16 @@ class NativeChat:
             common += 1
         end_text = self.tokenizer.decode([self.end_of_turn_id])
         cut = real.rfind(end_text, 0, common)
-        start = len(self.render(history, add_generation_prompt=True))
-        if cut < start or probe.find(_SENTINEL) < cut:
+        # The end of turn found must close this assistant turn: after the history, before the result.
+        if (
+            cut < len(self.render(history, add_generation_prompt=False))
+            or probe.find(_SENTINEL) < cut
+        ):
             raise SearchRLError(
                 "the chat template rewrites the conversation when a tool result follows (the assistant "
                 "turn is not closed by its end-of-turn token before the tool block); pick a "
                 "prefix-preserving template (template: hermes-fallback) or another call format"
             )
-        ids = self.encode(real[cut + len(end_text):])
+        ids = self.encode(real[cut + len(end_text) :])
         closed = bool(sampled_ids) and sampled_ids[-1] in self.stop_ids
         return ids if closed else [self.end_of_turn_id, *ids]

@@ -10,7 +10,6 @@ first and never holds a call: a `<tool_call>` the model writes while thinking is
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -68,10 +67,10 @@ def split_reasoning(text: str) -> tuple[str, str]:
     if close == -1:
         if open_ == -1:
             return "", text
-        return text[open_ + len(_THINK_OPEN):].strip(), text[:open_]
+        return text[open_ + len(_THINK_OPEN) :].strip(), text[:open_]
     start = open_ + len(_THINK_OPEN) if -1 < open_ < close else 0
     head = text[:open_] if -1 < open_ < close else ""
-    return text[start:close].strip(), head + text[close + len(_THINK_CLOSE):]
+    return text[start:close].strip(), head + text[close + len(_THINK_CLOSE) :]
 
 
 def _call_from_json(body: str, args_key: str, where: str) -> ToolCall | str:
@@ -130,7 +129,9 @@ class HermesFormat(CallFormat):
             if end == -1:
                 malformed.append(f"{where}: cut off, {self._OPEN} without {self._CLOSE}")
                 break
-            parsed = _call_from_json(text[start + len(self._OPEN):end].strip(), "arguments", where)
+            parsed = _call_from_json(
+                text[start + len(self._OPEN) : end].strip(), "arguments", where
+            )
             (calls if isinstance(parsed, ToolCall) else malformed).append(parsed)
             pos = end + len(self._CLOSE)
         return calls, malformed, "".join(left)
@@ -147,19 +148,21 @@ class Llama3JsonFormat(CallFormat):
 
     @staticmethod
     def detect(template: str) -> bool:
-        return "<|python_tag|>" in template or ('"parameters"' in template and "ipython" in template)
+        return "<|python_tag|>" in template or (
+            '"parameters"' in template and "ipython" in template
+        )
 
     def read_calls(self, text: str) -> tuple[list[ToolCall], list[str], str]:
         body = text.strip()
         tagged = body.startswith(self._TAG)
         if tagged:
-            body = body[len(self._TAG):].strip()
+            body = body[len(self._TAG) :].strip()
         if not tagged and not body.startswith("{"):
             return [], [], text
         try:
-            obj, end = json.JSONDecoder().raw_decode(body)
+            end = json.JSONDecoder().raw_decode(body)[1]
         except json.JSONDecodeError:
-            obj, end = None, len(body)
+            end = len(body)  # reported as bad JSON below
         if body[end:].strip():
             return [], ["tool call: one call per turn, and nothing after it"], ""
         parsed = _call_from_json(body, "parameters", "tool call")

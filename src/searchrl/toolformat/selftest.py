@@ -12,6 +12,7 @@ model never saw.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 from searchrl.errors import SearchRLError
 from searchrl.toolformat.chat import Message, NativeChat
@@ -39,7 +40,10 @@ def canned_turns(chat: NativeChat) -> list[Message]:
     """The canned assistant turns: two calls of the first tool, then an answer. Reasoning is
     written where the template knows it (a Qwen3-style model always thinks)."""
     tool = chat.tools[0]["function"] if chat.tools else {"name": "search"}
-    calls = [ToolCall(tool["name"], {"query": "river Arno town"}), ToolCall(tool["name"], {"query": "Florence founded"})]
+    calls = [
+        ToolCall(tool["name"], {"query": "river Arno town"}),
+        ToolCall(tool["name"], {"query": "Florence founded"}),
+    ]
     think = "<think>" in chat.template
     turns = []
     for i, call in enumerate(calls):
@@ -48,7 +52,12 @@ def canned_turns(chat: NativeChat) -> list[Message]:
             {
                 "role": "assistant",
                 "content": content,
-                "tool_calls": [{"type": "function", "function": {"name": call.name, "arguments": call.arguments}}],
+                "tool_calls": [
+                    {
+                        "type": "function",
+                        "function": {"name": call.name, "arguments": call.arguments},
+                    }
+                ],
             }
         )
     answer = "<think>\nFound it.\n</think>\n\n" if think else ""
@@ -68,12 +77,12 @@ def sampled_ids(chat: NativeChat, history: list[Message], assistant: Message) ->
             "the chat template's generation prompt is not the start of its assistant message; "
             "pick another template (template: hermes-fallback)"
         )
-    return chat.encode(full[len(head):end]) + [chat.end_of_turn_id]
+    return chat.encode(full[len(head) : end]) + [chat.end_of_turn_id]
 
 
 def transcript(chat: NativeChat, system: str | None = SYSTEM) -> Transcript:
     """The canned conversation built turn by turn, and rendered whole."""
-    history: list[Message] = ([{"role": "system", "content": system}] if system else [])
+    history: list[Message] = [{"role": "system", "content": system}] if system else []
     history.append({"role": "user", "content": QUESTION})
     ids = chat.prompt_ids(history)
     mask = [0] * len(ids)
@@ -98,7 +107,7 @@ def transcript(chat: NativeChat, system: str | None = SYSTEM) -> Transcript:
     # The whole rendering ends with the separator the model never samples after its last turn.
     end_text = chat.tokenizer.decode([chat.end_of_turn_id])
     cuts = [0, *starts, whole.rfind(end_text) + len(end_text)]
-    whole_ids = [i for a, b in zip(cuts, cuts[1:]) for i in chat.encode(whole[a:b])]
+    whole_ids = [i for a, b in pairwise(cuts) for i in chat.encode(whole[a:b])]
     return Transcript(ids, mask, whole_ids, history)
 
 
@@ -120,12 +129,14 @@ def check_template(chat: NativeChat) -> None:
     t = transcript(chat)
     if t.ids == t.whole:
         return
-    at = next((i for i, (a, b) in enumerate(zip(t.ids, t.whole)) if a != b), min(len(t.ids), len(t.whole)))
+    at = next(
+        (i for i, (a, b) in enumerate(zip(t.ids, t.whole)) if a != b), min(len(t.ids), len(t.whole))
+    )
     tok = chat.tokenizer
     raise SearchRLError(
         "the chat template is not prefix-preserving: a three-turn tool conversation built turn by turn "
-        f"differs from its whole rendering at token {at} (turn by turn {tok.decode(t.ids[at:at + 12])!r}, "
-        f"whole {tok.decode(t.whole[at:at + 12])!r}), so training would use contexts the model never saw "
+        f"differs from its whole rendering at token {at} (turn by turn {tok.decode(t.ids[at : at + 12])!r}, "
+        f"whole {tok.decode(t.whole[at : at + 12])!r}), so training would use contexts the model never saw "
         "(a template that drops earlier reasoning or rewrites history does this); pick a prefix-preserving "
         "template (template: hermes-fallback, or a model's training template) or another call format"
     )
