@@ -27,7 +27,13 @@ QWEN25, QWEN3, LLAMA31 = (
     str(FIXTURES / f"{n}.jinja") for n in ("qwen25-style", "qwen3-style", "llama31-style")
 )
 REWRITING = str(FIXTURES / "drops-all-thinking.jinja")
-LLAMA_SPECIALS = ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|python_tag|>"]
+LLAMA_SPECIALS = [
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|python_tag|>",
+]
 SCHEMAS = [
     {
         "type": "function",
@@ -291,6 +297,13 @@ def test_llama31_one_call_per_turn_results_in_the_ipython_role(tok, llama_tok):
         obs
         == "<|start_header_id|>ipython<|end_header_id|>\n\nR3<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
     )
+    # A python_tag call may end with <|eom_id|>: a stop too, and the turn is closed.
+    eom = llama_tok.convert_tokens_to_ids("<|eom_id|>")
+    assert eom in chat.stop_ids and chat.end_of_turn_id in chat.stop_ids
+    tagged = chat.encode('<|python_tag|>{"name": "open", "parameters": {"query": "p3"}}') + [eom]
+    assert chat.parse_ids(tagged).calls == [ToolCall("open", {"query": "p3"})]
+    after = chat.observation_ids([SYSTEM, USER], tagged, [chat.tool_message("open", "R3")])
+    assert after == chat.observation_ids([SYSTEM, USER], sampled, [chat.tool_message("open", "R3")])
     # Without Llama's special tokens the policy could not sample the end of a turn.
     with pytest.raises(SearchRLError, match="no single special token"):
         NativeChat(tok, SCHEMAS, template=LLAMA31)

@@ -5,6 +5,21 @@ the policy's sampled ids into a `Turn` (see `parse`), and gives the ids that fol
 tool-result block(s) and the next assistant generation prompt, taken from the template's own
 rendering and appended with loss mask 0. The sampled ids are never decoded and re-encoded into
 the sequence; only what the environment adds is tokenized.
+
+One trajectory, as the rollout engine runs it (any backend: ids in, ids out)::
+
+    chat = NativeChat(tokenizer, [t.schema() for t in tools], template="hermes-fallback")
+    check_template(chat)                            # once, at start-up (`selftest`)
+    history = [system_message, user_message]
+    ids = chat.prompt_ids(history)                  # loss mask 0
+    while True:
+        sampled = generate(ids, stop=chat.stop_ids)  # loss mask 1, ends with a stop id or is cut
+        turn = chat.parse_ids(sampled)
+        if turn.is_final: break                     # turn.final_text is the answer
+        results = [chat.tool_message(c.name, text) for c, text in zip(turn.calls, run(turn.calls))]
+        results += [chat.tool_message("error", m) for m in turn.malformed]  # readable, counted
+        ids += sampled + chat.observation_ids(history, sampled, results)    # loss mask 0
+        history += [chat.assistant_message(turn), *results]
 """
 
 from __future__ import annotations
@@ -77,6 +92,9 @@ class NativeChat:
         self.template_kwargs = dict(template_kwargs or {})
         self.end_of_turn_id, self.separator = self._end_of_turn()
         ids = {self.end_of_turn_id, tokenizer.eos_token_id}
+        for token in self.format.extra_stops:  # e.g. Llama's <|eom_id|> after a python_tag call
+            if token in tokenizer.get_vocab():
+                ids.add(tokenizer.convert_tokens_to_ids(token))
         self.stop_ids: list[int] = sorted(i for i in ids if i is not None)  # where a turn ends
 
     # -- rendering -------------------------------------------------------------------------
@@ -139,7 +157,11 @@ class NativeChat:
         ids = list(sampled_ids)
         if ids and ids[-1] in self.stop_ids:
             ids = ids[:-1]
-        return self.format.parse(self.tokenizer.decode(ids, skip_special_tokens=False))
+        return self.format.parse(
+            self.tokenizer.decode(
+                ids, skip_special_tokens=False, clean_up_tokenization_spaces=False
+            )
+        )
 
     def assistant_message(self, turn: Turn) -> Message:
         """The turn as a chat message for the history: well-formed calls as `tool_calls`, the

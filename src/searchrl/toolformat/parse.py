@@ -38,6 +38,7 @@ class CallFormat:
     """How one model family writes calls. Subclasses set `name`, `detect` and `read_calls`."""
 
     name: ClassVar[str]
+    extra_stops: ClassVar[tuple[str, ...]] = ()  # tokens besides the template's end of turn
 
     @staticmethod
     def detect(template: str) -> bool:
@@ -144,6 +145,7 @@ class Llama3JsonFormat(CallFormat):
     with `{` (or the tag) is a call attempt, anything else is the final answer."""
 
     name = "llama3-json"
+    extra_stops = ("<|eom_id|>",)
     _TAG = "<|python_tag|>"
 
     @staticmethod
