@@ -12,6 +12,7 @@ import re
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import hypothesis.strategies as st
 import pytest
@@ -37,17 +38,17 @@ from searchrl.tools import (
 )
 from searchrl.tools.calculate import MAX_CHARS, calculate
 
-WEATHER = textwrap.dedent('''
-    from searchrl.tools.base import Observation, Tool
+README = Path(__file__).parents[2] / "README.md"
 
-    class Weather(Tool):
-        name = "weather"
-        description = "Today's weather in a city."
-        parameters = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 
-        def call(self, calls):
-            return [Observation(f"Sunny in {c['city']}, 21 C") for c in calls]
+def readme_tool() -> str:
+    """The user tool the README's "Tools" section shows, as its code block has it."""
+    section = README.read_text(encoding="utf-8").split("\n## Tools\n", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
 
+
+# Bad tools beside the README's, in the same module.
+BAD_TOOLS = textwrap.dedent('''
     class NotATool:
         pass
 
@@ -64,7 +65,7 @@ WEATHER = textwrap.dedent('''
 
 @pytest.fixture
 def user_tools(tmp_path, monkeypatch):
-    (tmp_path / "mytools.py").write_text(WEATHER)
+    (tmp_path / "mytools.py").write_text(readme_tool() + BAD_TOOLS)
     (tmp_path / "broken.py").write_text("import nonexistent_package_xyz\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     yield
