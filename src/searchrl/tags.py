@@ -103,15 +103,20 @@ def format_documents(passages: Sequence[Passage], tags: TagSet, style: str = "r1
     <BLANKLINE>
     |
     """
+    return f"\n\n{tags.docs_open}\n{format_passages(passages, style, tags)}\n{tags.docs_close}\n\n"
+
+
+def format_passages(passages: Sequence[Passage], style: str = "r1searcher", tags: TagSet | None = None) -> str:
+    """The content of a documents block: one line per passage in `style` (the `search` tool's
+    observation), with the tags of `tags` inside passages neutralized.
+
+    >>> format_passages([Passage("7", "Quellbridge", "A town."), Passage("8", "Tessaly", "A river.")])
+    '(1)Title: Quellbridge Text: A town.\\n(2)Title: Tessaly Text: A river.'
+    """
     line = DOC_STYLES.get(style)
-    body = "".join(
-        line(i, Passage(p.id, _neutralize_tags(p.title, tags), _neutralize_tags(p.text, tags)))
-        + "\n"
-        for i, p in enumerate(passages, start=1)
-    )
-    if not body:
-        body = "(no documents found)\n"
-    return f"\n\n{tags.docs_open}\n{body}{tags.docs_close}\n\n"
+    if tags is not None:
+        passages = [Passage(p.id, _neutralize_tags(p.title, tags), _neutralize_tags(p.text, tags)) for p in passages]
+    return "\n".join(line(i, p) for i, p in enumerate(passages, start=1)) or "(no documents found)"
 
 
 # ----------------------------------------------------------------------------------------------

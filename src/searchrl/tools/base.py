@@ -11,7 +11,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from searchrl.tools.registry import ToolContext
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,10 @@ class Tool(ABC):
     name: ClassVar[str]
     description: ClassVar[str]
     parameters: ClassVar[dict[str, Any]]  # JSON schema (an "object") of the arguments
+
+    def __init__(self, context: ToolContext | None = None) -> None:
+        """`context`: what the run gives its tools (the retriever, k, ...); `build_tools` passes it."""
+        self.context = context
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI / Hugging Face function schema, as chat templates take it in `tools=`."""

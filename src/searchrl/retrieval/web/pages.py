@@ -10,12 +10,22 @@ from __future__ import annotations
 import re
 import warnings
 from html.parser import HTMLParser
+from typing import TYPE_CHECKING
 
 import httpx
 
-from searchrl.errors import DataWarning
+from searchrl import outbound
+from searchrl.errors import DataWarning, SearchRLError
 from searchrl.llm import ChatClient
 from searchrl.outbound import OutboundRefused
+from searchrl.retrieval.web.budget import SCHEMA
+from searchrl.sqlcache import SqliteStore
+
+if TYPE_CHECKING:
+    from searchrl.retrieval.web.budget import Budget
+    from searchrl.retrieval.web.config import WebConfig
+
+USER_AGENT = "searchrl/0.1 (research evaluation; https://pypi.org/project/searchrl/)"
 
 # Content that is never the page's text.
 _SKIP = frozenset({"script", "style", "noscript", "svg", "nav", "header", "footer", "aside", "form", "button",
@@ -84,15 +94,25 @@ class PageRefused(DataWarning):
     """A result's page was not fetched: the address policy refused its URL or a redirect."""
 
 
-def fetch_text(client: httpx.Client, url: str, max_bytes: int) -> str | None:
-    """The text of the page at `url` (paragraphs on lines), at most `max_bytes` of it read; None
-    when it cannot be read (an error status, a PDF, a timeout, an address the policy refuses):
-    the caller falls back to the snippet."""
+class PageUnreadable(SearchRLError):
+    """A page that gives no text: an error status, a kind that is no text (a PDF), a timeout,
+    an address the policy refuses (`refused`)."""
+
+    def __init__(self, message: str, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
+
+
+def read_page(client: httpx.Client, url: str, max_bytes: int) -> str:
+    """The text of the page at `url` (paragraphs on lines), at most `max_bytes` of it read;
+    `PageUnreadable` says why there is none."""
     try:
         with client.stream("GET", url) as resp:
             kind = resp.headers.get("content-type", "").split(";")[0].strip().lower()
-            if resp.status_code >= 400 or (kind and kind not in _READABLE):
-                return None
+            if resp.status_code >= 400:
+                raise PageUnreadable(f"{url} answered HTTP {resp.status_code}")
+            if kind and kind not in _READABLE:
+                raise PageUnreadable(f"{url} is {kind}, not a readable page")
             body = bytearray()
             for chunk in resp.iter_bytes():
                 body += chunk
@@ -100,18 +120,78 @@ def fetch_text(client: httpx.Client, url: str, max_bytes: int) -> str | None:
                     break
             text = bytes(body[:max_bytes]).decode(resp.encoding or "utf-8", errors="replace")
     except OutboundRefused as exc:
-        _say_refused(exc)
-        return None
-    except (httpx.HTTPError, OSError, LookupError):
-        return None
+        raise PageUnreadable(str(exc), refused=True) from None
+    except (httpx.HTTPError, OSError, LookupError) as exc:
+        raise PageUnreadable(f"{url} could not be read ({type(exc).__name__})") from None
     paragraphs = [" ".join(p.split()) for p in text.splitlines()] if kind == "text/plain" else html_paragraphs(text)
-    return "\n".join(p for p in paragraphs if p) or None
+    text = "\n".join(p for p in paragraphs if p)
+    if not text:
+        raise PageUnreadable(f"{url} has no readable text")
+    return text
+
+
+def fetch_text(client: httpx.Client, url: str, max_bytes: int) -> str | None:
+    """`read_page`, or None when the page cannot be read: the caller falls back to the snippet."""
+    try:
+        return read_page(client, url, max_bytes)
+    except PageUnreadable as exc:
+        if exc.refused:
+            _say_refused(exc)
+        return None
+
+
+class PageReader:
+    """Pages read under the address policy (`cfg.allow_private`, `cfg.timeout_s`,
+    `cfg.max_page_bytes`) through the web cache, counted in a run's web `budget` (None: not
+    counted): the result pages of web search and the URLs the `open` tool reads share it.
+    `store`: the web cache already open (None: this reader opens `cfg.cache` and closes it)."""
+
+    def __init__(self, cfg: WebConfig, store: SqliteStore | None = None, budget: Budget | None = None) -> None:
+        from searchrl.paths import cache_dir
+
+        self.cfg, self.budget, self._owns_store = cfg, budget, store is None
+        self.store = store or SqliteStore(cfg.cache or cache_dir() / "web-cache.sqlite", SCHEMA)
+        self.client = outbound.client(cfg.timeout_s, cfg.max_page_bytes, public_only=not cfg.allow_private,
+                                      follow_redirects=True, headers={"User-Agent": USER_AGENT})
+
+    def read(self, url: str) -> tuple[str, bool]:
+        """(the page's text, whether it was fetched now rather than found in the cache);
+        `PageUnreadable` when it cannot be read (not cached: it may be readable next time)."""
+        cached = self.store.get("page", url)
+        if cached is not None:
+            return cached, False
+        try:
+            text = read_page(self.client, url, self.cfg.max_page_bytes)
+        except PageUnreadable:
+            self._count(page_failures=1)
+            raise
+        self._count(pages=1)
+        self.store.put("page", url, text)
+        return text, True
+
+    def text(self, url: str) -> str | None:
+        """A search result's page text; None when it cannot be read (refusals said once a process)."""
+        try:
+            return self.read(url)[0]
+        except PageUnreadable as exc:
+            if exc.refused:
+                _say_refused(exc)
+            return None
+
+    def _count(self, **counts: int) -> None:
+        if self.budget is not None:
+            self.budget.add(**counts)
+
+    def close(self) -> None:
+        self.client.close()
+        if self._owns_store:
+            self.store.close()
 
 
 _refusals_said = False
 
 
-def _say_refused(exc: OutboundRefused) -> None:
+def _say_refused(exc: SearchRLError) -> None:
     # Once a process: every result of an intranet search would repeat it.
     global _refusals_said
     if not _refusals_said:

@@ -25,11 +25,9 @@ from searchrl.errors import SearchRLError
 from searchrl.retrieval.base import Retriever
 from searchrl.retrieval.web.budget import SCHEMA, Budget, KeyRing
 from searchrl.retrieval.web.config import WebConfig
-from searchrl.retrieval.web.pages import LLMCondenser, best_passage, fetch_text
+from searchrl.retrieval.web.pages import USER_AGENT, LLMCondenser, PageReader, best_passage
 from searchrl.retrieval.web.providers import NUM_RESULTS, PROVIDERS, Hit, classify
 from searchrl.sqlcache import SqliteStore, digest
-
-USER_AGENT = "searchrl/0.1 (research evaluation; https://pypi.org/project/searchrl/)"
 
 
 class WebRetriever(Retriever):
@@ -50,8 +48,7 @@ class WebRetriever(Retriever):
         if new_run:
             self.budget.reset()
         self.http = outbound.client(cfg.timeout_s, headers={"User-Agent": USER_AGENT})
-        self.pages = outbound.client(cfg.timeout_s, cfg.max_page_bytes, public_only=not cfg.allow_private,
-                                     follow_redirects=True, headers={"User-Agent": USER_AGENT})
+        self.pages = PageReader(cfg, self.store, self.budget)  # the `open` tool reads URLs through it too
         self.pool = ThreadPoolExecutor(cfg.workers)
         self.condenser = None
         if cfg.condense.method == "llm":
@@ -69,7 +66,7 @@ class WebRetriever(Retriever):
         hits = dict(zip(todo, self.pool.map(self._hits, todo)))
         jobs = [(q, rank, h) for q in todo for rank, h in enumerate(hits[q][:k])]
         urls = list(dict.fromkeys(h.url for _, _, h in jobs)) if self.cfg.pages else []  # each page read once
-        texts = dict(zip(urls, self.pool.map(self._page_text, urls)))
+        texts = dict(zip(urls, self.pool.map(self.pages.text, urls)))
         passages = self.pool.map(lambda job: self._passage(*job, texts.get(job[2].url)), jobs)
         done = dict(zip([(q, rank) for q, rank, _ in jobs], passages))
         return [[done[(q, rank)] for rank in range(len(hits[q][:k]))] if q else [] for q in asked]
@@ -159,18 +156,6 @@ class WebRetriever(Retriever):
             body = best_passage(text, query, self.cfg.condense.words)
         # Reciprocal rank: providers order their results but give no score.
         return Passage(hit.url, hit.title or hit.url, body or hit.snippet, 1.0 / (rank + 1))
-
-    def _page_text(self, url: str) -> str | None:
-        cached = self.store.get("page", url)
-        if cached is not None:
-            return cached
-        text = fetch_text(self.pages, url, self.cfg.max_page_bytes)
-        if text is None:  # not cached: the page may be readable next time
-            self.budget.add(page_failures=1)
-            return None
-        self.budget.add(pages=1)
-        self.store.put("page", url, text)
-        return text
 
     def _condensed(self, query: str, hit: Hit, text: str) -> str | None:
         c = self.cfg.condense
