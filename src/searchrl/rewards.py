@@ -35,6 +35,7 @@ from pydantic import Field, field_validator, model_validator
 from searchrl.config import StrictModel
 from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.metrics import ANSWER_METRICS
+from searchrl.protocol import Protocol
 from searchrl.registry import Registry
 from searchrl.tags import TagSet, extract_answer
 
@@ -318,8 +319,8 @@ def compute_reward(
 ) -> RewardBreakdown:
     """The reward of one trajectory under `cfg`.
 
-    The answer is `traj.answer` as the engine recorded it, else the last answer block of the
-    policy's text.
+    The answer is `traj.answer` as the engine recorded it, else the protocol's reading of the
+    policy's text (`Protocol.answer`).
 
     >>> from searchrl.tags import R1SEARCHER_TAGS
     >>> t = Trajectory("q1", "Which river?", [], [], [], [],
@@ -338,11 +339,7 @@ def compute_reward(
         max_answer_words=cfg.max_answer_words,
         require_think=cfg.require_think,
     )
-    prediction = (
-        traj.answer
-        if traj.answer is not None
-        else extract_answer(policy_view(traj.segments, tags), tags)
-    )
+    prediction = traj.answer if traj.answer is not None else Protocol(tags).answer(traj.segments)
     score = ANSWER_METRICS.get(cfg.answer_metric)(prediction, golds)
     retrieve, fmt, answer = stage_reward(verdict.ok, traj.n_searches, score, cfg)
     return RewardBreakdown(
