@@ -18,11 +18,10 @@ from collections.abc import Callable, Sequence
 
 from pydantic import Field, field_validator
 
-from searchrl.config import StrictModel
+from searchrl.agent import AgentConfig, build_agent
 from searchrl.data.trajectory import Trajectory
 from searchrl.data.types import Passage, Question
 from searchrl.display import visible
-from searchrl.protocol import ProtocolConfig
 from searchrl.retrieval import RetrievalConfig
 from searchrl.retrieval.base import Retriever
 from searchrl.rollout.backend import (
@@ -134,11 +133,9 @@ class AnnouncingRetriever(Retriever):
         self.inner.close()
 
 
-class AskConfig(StrictModel):
+class AskConfig(AgentConfig):
     """One question answered live: `searchrl ask QUESTION [--config FILE] [flags]`."""
 
-    model: str = Field("smollm2-135m", description="smollm2-135m, tiny-random, a local folder or a hub id.")
-    protocol: ProtocolConfig = Field(default_factory=ProtocolConfig, description="Tags, prompt template, documents style.")
     rollout: EvalRollout = Field(
         default_factory=lambda: RolloutConfig(**EVAL_ROLLOUT),
         description="Generation as in evaluation: greedy, k=5, at most 8 searches and 512 policy tokens. "
@@ -169,33 +166,25 @@ def ask(
     (rich) unless `as_json`, which prints the trajectory as one JSON object instead. `backend` may
     be passed to reuse a loaded model; `chunk` is how many tokens appear at a time (the backend
     must match stop strings across calls, as the transformers one does)."""
-    from searchrl.protocol import Protocol
-    from searchrl.rollout.engine import RolloutEngine
-
     cfg = cfg or AskConfig()
-    protocol = Protocol.from_config(cfg.protocol)
-    retriever = cfg.retrieval.open()
-    if backend is None:
-        from searchrl.rollout.backend import make_backend
-
-        backend = make_backend(cfg.rollout.backend, cfg.model, **cfg.rollout.backend_options())
+    agent = build_agent(cfg, backend)
     q = Question("ask", question, ())
     try:
         if as_json:
-            traj = RolloutEngine(backend, retriever, protocol, cfg.rollout).run([q])[0]
+            traj = agent.engine.run([q])[0]
             print(json.dumps(traj.to_dict(), ensure_ascii=False))
             return traj
-        view = _LiveView(console, protocol)
+        view = _LiveView(console, agent.protocol)
         view.header(question, cfg.model, cfg.retrieval.source, sample=not cfg.rollout.greedy)
-        engine = RolloutEngine(
-            StreamingBackend(backend, view.text, chunk), AnnouncingRetriever(retriever, view.search), protocol, cfg.rollout
+        shown = build_agent(
+            cfg, StreamingBackend(agent.backend, view.text, chunk), AnnouncingRetriever(agent.retriever, view.search)
         )
         started = time.perf_counter()
-        traj = engine.run([q])[0]
-        view.finish(traj, time.perf_counter() - started, retriever.usage())
+        traj = shown.engine.run([q])[0]
+        view.finish(traj, time.perf_counter() - started, agent.retriever.usage())
         return traj
     finally:
-        retriever.close()
+        agent.close()
 
 
 def ask_command(question: str, config: str | None, flags: dict, as_json: bool = False) -> Trajectory:

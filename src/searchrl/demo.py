@@ -191,13 +191,13 @@ def report_markdown(eval_dirs: Sequence[Path], summary: dict, plots: Sequence[Pa
 def run_demo(cfg: DemoConfig, overrides: Sequence[str] = ()) -> Path:
     """Run the demo; `overrides` are key=value pairs for the training config. Returns OUT."""
     from searchrl.data.catalog import load_dataset
+    from searchrl.agent import load_backend
     from searchrl.eval.plots import plot_run
     from searchrl.retrieval import open_retriever
     from searchrl.retrieval.server import serve_in_background
     from searchrl.rl.checkpoint import latest_checkpoint
     from searchrl.rl.config import TrainConfig
     from searchrl.rl.trainer import train
-    from searchrl.rollout.backend import make_backend
     from searchrl.runlog import read_metrics
 
     started = time.perf_counter()
@@ -224,7 +224,7 @@ def run_demo(cfg: DemoConfig, overrides: Sequence[str] = ()) -> Path:
         )
 
         console.rule("3. the untrained model")
-        backend = make_backend(train_cfg.rollout.backend, train_cfg.model, **train_cfg.rollout.backend_options())
+        backend = load_backend(train_cfg)
         eval_dirs = [
             _evaluate("untrained", train_cfg.model, method, train_cfg, cfg, out, backend, served)
             for method in ("agent", "rag")
@@ -240,7 +240,7 @@ def run_demo(cfg: DemoConfig, overrides: Sequence[str] = ()) -> Path:
             if final is None:
                 raise SearchRLError(f"training wrote no checkpoint under {run_dir}")
             console.rule("5. the trained model")
-            trained = make_backend(train_cfg.rollout.backend, str(final), **train_cfg.rollout.backend_options())
+            trained = load_backend(train_cfg.model_copy(update={"model": str(final)}))
             eval_dirs.append(_evaluate("trained", str(final), "agent", train_cfg, cfg, out, trained, served))
             trained.close()
             summary = stage_summary(read_metrics(run_dir))

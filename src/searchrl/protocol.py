@@ -12,6 +12,7 @@ from functools import cached_property
 from pydantic import field_validator
 
 from searchrl.config import StrictModel
+from searchrl.data.trajectory import Segment
 from searchrl.data.types import Passage
 from searchrl.prompts import build_prompt, resolve_template, template_opens_think, template_turn_end
 from searchrl.tags import (
@@ -107,6 +108,46 @@ class Protocol:
     def extract_queries(self, text: str) -> list[str]:
         return extract_queries(text, self.tags)
 
-    def extract_answer(self, text: str) -> str | None:
-        return extract_answer(text, self.tags)
+    def answer(self, segments: Sequence[Segment], *, opened: bool = False, cut_short: bool = False) -> str | None:
+        """The answer a response gives, read from the policy's text alone (documents never count):
+        the text of its last complete answer block, stripped; None when there is none. The one
+        reader of answers: the engine records it as `Trajectory.answer`, which rewards, `ask` and
+        data selection use; evaluation reads it here with its two fallbacks.
+
+        `cut_short` (an agent evaluated): an answer block the budget cut reads as its first line.
+        `opened` (the rag/direct answer prompts, which end with the opening answer tag): the text
+        up to the closing tag (None if empty); never closed, the first non-empty line written
+        before the turn ended, protocol tags taken as line breaks.
+
+        >>> p, policy = Protocol.named("search-r1"), lambda text: [Segment(text, "policy")]
+        >>> p.answer(policy("</think><answer> Velmar </answer>")), p.answer(policy("<answer>Velmar"))
+        ('Velmar', None)
+        >>> p.answer(policy("</think><answer> Velmar\\nport"), cut_short=True)  # the budget cut it
+        'Velmar'
+        >>> p.answer(policy(" Velmar </answer>"), opened=True), p.answer(policy("<answer>Velmar</answer>"), opened=True)
+        ('Velmar', 'Velmar')
+        >>> [p.answer(policy(t), opened=True) for t in ("Velmar port\\nmore", "\\nUser:", "</answer>")]
+        ['Velmar port', None, None]
+        """
+        tags = self.tags
+        policy = "".join(s.text for s in segments if s.source == "policy")
+        if opened:
+            if tags.answer_close in policy:  # the prompt's open tag, or one the model wrote again
+                return extract_answer(tags.answer_open + policy, tags) or None
+            return _first_line(policy.split(template_turn_end("base"), 1)[0], tags)
+        answer = extract_answer(policy, tags)
+        if answer is None and cut_short:
+            start = policy.rfind(tags.answer_open)
+            return None if start < 0 else _first_line(policy[start + len(tags.answer_open) :], tags)
+        return answer
+
+
+def _first_line(text: str, tags: TagSet) -> str | None:
+    """The first non-empty line of `text`, stripped, every protocol tag taken as a line break."""
+    for tag in tags.all_tags():
+        text = text.replace(tag, "\n")
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()
+    return None
 

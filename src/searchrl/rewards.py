@@ -37,6 +37,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from searchrl.config import StrictModel
 from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.metrics import ANSWER_METRICS
+from searchrl.protocol import Protocol
 from searchrl.registry import Registry
 from searchrl.reward_terms import REWARD_TERMS, RewardInput, term_params
 from searchrl.tags import TagSet, extract_answer
@@ -356,8 +357,8 @@ def compute_reward(
 ) -> RewardBreakdown:
     """The reward of one trajectory under `cfg`: the sum of its stage's weighted terms.
 
-    The answer is `traj.answer` as the engine recorded it, else the last answer block of the
-    policy's text.
+    The answer is `traj.answer` as the engine recorded it, else the protocol's reading of the
+    policy's text (`Protocol.answer`).
 
     >>> from searchrl.tags import R1SEARCHER_TAGS
     >>> t = Trajectory("q1", "Which river?", [], [], [], [],
@@ -380,11 +381,7 @@ def compute_reward(
         max_answer_words=cfg.max_answer_words,
         require_think=cfg.require_think,
     )
-    prediction = (
-        traj.answer
-        if traj.answer is not None
-        else extract_answer(policy_view(traj.segments, tags), tags)
-    )
+    prediction = traj.answer if traj.answer is not None else Protocol(tags).answer(traj.segments)
     x = RewardInput(golds, traj, verdict, prediction)
     parts = {name: weight * float(REWARD_TERMS.get(name)(x, **params)) for name, weight, params in cfg.stage_terms()}
     return RewardBreakdown(

@@ -204,7 +204,7 @@ def _answered(text: str, stop_reason: str):
     """Prediction and format verdict of a rag response the model wrote after the prompt's `<answer>`."""
     t = Trajectory("q", "Q?", [], [], [], [], [Segment(text, "policy")] if text else [], stop_reason=stop_reason)
     verdict = format_verdict(t, "rag", Protocol.named("search-r1", "oneshot"), require_think=False)
-    return predict(t, "rag", SEARCH_R1_TAGS), verdict.ok
+    return predict(t, "rag", Protocol(SEARCH_R1_TAGS)), verdict.ok
 
 
 def test_rag_answers_are_read_from_what_the_model_wrote():
@@ -238,9 +238,9 @@ def test_agent_prediction_rules():
     def traj(text, answer=None):
         return Trajectory("q", "Q?", [], [], [], [], [Segment(text, "policy")], answer=answer)
 
-    assert predict(traj("thinking only"), "agent", SEARCH_R1_TAGS) is None
-    assert predict(traj("</think><answer> Velmar\nport"), "agent", SEARCH_R1_TAGS) == "Velmar"  # budget cut
-    assert predict(traj("...", answer="Velmar"), "agent", SEARCH_R1_TAGS) == "Velmar"
+    assert predict(traj("thinking only"), "agent", Protocol(SEARCH_R1_TAGS)) is None
+    assert predict(traj("</think><answer> Velmar\nport"), "agent", Protocol(SEARCH_R1_TAGS)) == "Velmar"  # budget cut
+    assert predict(traj("...", answer="Velmar"), "agent", Protocol(SEARCH_R1_TAGS)) == "Velmar"
 
 
 def test_config_errors(world):

@@ -29,16 +29,13 @@ import time
 from collections import deque
 from pathlib import Path
 
-from pydantic import Field, field_validator, model_validator
-
-from searchrl.config import StrictModel, dump_config
+from searchrl.agent import build_agent
+from searchrl.config import dump_config
 from searchrl.data.buckets import BUCKETS, Tally, bucket_of
+from searchrl.data.select_config import SelectConfig
 from searchrl.data.textio import read_appended_jsonl
 from searchrl.data.types import Question
 from searchrl.errors import SearchRLError, listing
-from searchrl.protocol import ProtocolConfig
-from searchrl.retrieval import RetrievalConfig
-from searchrl.rollout.config import RolloutConfig
 
 PROGRESS = "progress.jsonl"
 
@@ -58,102 +55,6 @@ FREE_TO_CHANGE = (
     "retrieval.web.budget.",
     "retrieval.web.workers",
 )
-
-
-class SelectConfig(StrictModel):
-    """One data-selection run. Every field is also a `--set key=value` (nested: `rollout.k=3`); the
-    common ones are `searchrl data select` flags."""
-
-    model: str = Field(
-        "smollm2-135m",
-        description="Reference model that samples the rollouts (paper: Qwen-2.5-7B-Instruct): a name, folder or hub id.",
-    )
-    dataset: str = Field(
-        "toyworld:train", description="Candidate questions: catalog name, question file or hf:NAME."
-    )
-    limit: int | None = Field(None, ge=1, description="Only the first N questions; None = all.")
-    protocol: ProtocolConfig = Field(
-        default_factory=ProtocolConfig, description="Tags, prompt template, documents style."
-    )
-    rollout: RolloutConfig = Field(
-        default_factory=RolloutConfig,
-        description="Generation: backend, k, searches, token budget, temperature, top-p, batch_size (sequences per "
-        "engine batch). Sampled, never greedy; seed and samples_per_question are set per round.",
-    )
-    retrieval: RetrievalConfig = Field(
-        default_factory=lambda: RetrievalConfig(index="toyworld"),
-        description="Index, retrieval server or web search the rollouts query.",
-    )
-    metric: str = Field(
-        "cem",
-        description="Answer metric that decides correctness: em, f1, cem (cover-EM, the authors' token form) or cem_substr.",
-    )
-    min_score: float = Field(
-        1.0,
-        gt=0,
-        le=1,
-        description="A rollout is correct when metric(answer, gold) >= this (e.g. metric=f1 min_score=0.8).",
-    )
-    rollouts_per_round: int = Field(
-        8, ge=1, description="Rollouts sampled per question in one round."
-    )
-    questions_per_round: int = Field(
-        8,
-        ge=1,
-        description="Questions sampled together in one round (so a round generates up to "
-        "questions_per_round x rollouts_per_round sequences, in engine batches of rollout.batch_size).",
-    )
-    max_rollouts: int = Field(
-        32,
-        ge=1,
-        description="Cap per question: a question with no correct rollout among this many is `unsolved`. "
-        "Set it above difficult_from, or no question can be Difficult.",
-    )
-    medium_from: int = Field(
-        10, ge=1, description="Count from which a question is Medium (paper: Easy < 10)."
-    )
-    difficult_from: int = Field(
-        21,
-        ge=1,
-        description="Count from which a question is Difficult (paper: Medium 10-20, Difficult > 20).",
-    )
-    seed: int = Field(
-        0,
-        description="Seeds the sampling of every round; same seed and settings, same rollouts (on the same hardware).",
-    )
-    out: str | None = Field(
-        None,
-        description="Output folder: easy/medium/difficult/unsolved.jsonl, summary.md/.json, histogram.png, "
-        "progress.jsonl, config.yaml. Running again with the same folder resumes.",
-    )
-
-    @field_validator("metric")
-    @classmethod
-    def _metric_name(cls, v: str) -> str:
-        from searchrl.metrics import ANSWER_METRICS
-
-        ANSWER_METRICS.get(v)
-        return v
-
-    @model_validator(mode="after")
-    def _check(self) -> SelectConfig:
-        if self.medium_from > self.difficult_from:
-            raise ValueError(
-                f"medium_from ({self.medium_from}) must not exceed difficult_from ({self.difficult_from})"
-            )
-        if self.rollout.greedy:
-            raise ValueError(
-                "rollout.greedy must be false: greedy rollouts of one question are all the same, so counting them measures nothing"
-            )
-        if self.rollout.samples_per_question != 1:
-            raise ValueError(
-                "rollout.samples_per_question is set per round: use rollouts_per_round instead"
-            )
-        if self.retrieval.source is None:
-            raise ValueError(
-                "selection searches: set retrieval.index (e.g. toyworld), retrieval.url or retrieval.web"
-            )
-        return self
 
 
 def round_seed(seed: int, rnd: int) -> int:
@@ -264,20 +165,11 @@ def _sample(
 ) -> list[dict]:
     """Run rounds until every question of `todo` is done; each round goes to progress.jsonl as it ends."""
     from searchrl.metrics import ANSWER_METRICS
-    from searchrl.protocol import Protocol
-    from searchrl.rollout.engine import RolloutEngine
 
     out, cap, metric = Path(cfg.out), cfg.max_rollouts, ANSWER_METRICS.get(cfg.metric)
-    # The retriever is opened before the model loads: a wrong index fails in a second, not minutes.
-    retriever = cfg.retrieval.open(run=str(out.resolve()), new_run=first_round == 0)
-    own_backend, bar, new_rounds = backend is None, None, []
+    agent = build_agent(cfg, backend, run=str(out.resolve()), new_run=first_round == 0)
+    engine, bar, new_rounds = agent.engine, None, []
     try:
-        retriever.check()
-        if backend is None:
-            from searchrl.rollout.backend import make_backend
-
-            backend = make_backend(cfg.rollout.backend, cfg.model, **cfg.rollout.backend_options())
-        engine = RolloutEngine(backend, retriever, Protocol.from_config(cfg.protocol), cfg.rollout)
         if progress:
             from tqdm import tqdm
 
@@ -315,9 +207,9 @@ def _sample(
                 counts = _bucket_counts(cfg, questions, tallies)
                 bar.set_postfix({b: counts[b] for b in BUCKETS}, refresh=False)
     finally:
-        for service in (bar, retriever, backend if own_backend else None):
-            if service is not None:
-                service.close()
+        if bar is not None:
+            bar.close()
+        agent.close()
     return new_rounds
 
 

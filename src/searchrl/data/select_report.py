@@ -19,7 +19,7 @@ from searchrl.data.buckets import BUCKETS, Tally, bucket_of, bucket_ranges
 from searchrl.data.types import Question
 
 if TYPE_CHECKING:
-    from searchrl.data.select import SelectConfig
+    from searchrl.data.select_config import SelectConfig
 
 
 def summary(

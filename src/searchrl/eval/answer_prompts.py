@@ -23,7 +23,7 @@ from pathlib import Path
 from searchrl.data.types import Passage
 from searchrl.prompts import CHAT_SPLIT, apply_chat, resolve_template, template_turn_end
 from searchrl.protocol import Protocol
-from searchrl.tags import TagSet, extract_answer
+from searchrl.tags import TagSet
 
 INSTRUCTION = (
     "Answer the question{source}. Give only the final answer, in a few words, between "
@@ -149,22 +149,6 @@ def answer_protocol(protocol: Protocol) -> Protocol:
     )
 
 
-def read_answer(response: str, tags: TagSet) -> str | None:
-    """The answer of a rag/direct response (the prompt opened the answer tag): the answer block's
-    text (None if empty); when the model never closed it, the first non-empty line it wrote before
-    ending its turn, protocol tags taken as line breaks (None if there is none).
-
-    >>> from searchrl.tags import SEARCH_R1_TAGS as T
-    >>> read_answer(" Velmar </answer>", T), read_answer("<answer>Velmar</answer>", T)
-    ('Velmar', 'Velmar')
-    >>> read_answer("Velmar port\\nmore", T), read_answer("\\nUser:", T), read_answer("</answer>", T)
-    ('Velmar port', None, None)
-    """
-    if tags.answer_close in response:  # the prompt's open tag, or one the model wrote again
-        return extract_answer(tags.answer_open + response, tags) or None
-    return first_line(response.split(template_turn_end("base"), 1)[0], tags)
-
-
 def closed_response(response: str, stop_reason: str, tags: TagSet) -> str:
     """The response as the format check reads it. A model that wrote one line and then ended its
     turn (`User:`, EOS) closed its answer as surely as with the tag, so that line gets the closing
@@ -181,13 +165,3 @@ def closed_response(response: str, stop_reason: str, tags: TagSet) -> str:
         return response
     line = response.split(template_turn_end("base"), 1)[0].strip()
     return line + tags.answer_close if line and "\n" not in line else response
-
-
-def first_line(text: str, tags: TagSet) -> str | None:
-    """The first non-empty line of `text`, stripped, every protocol tag taken as a line break."""
-    for tag in tags.all_tags():
-        text = text.replace(tag, "\n")
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip()
-    return None

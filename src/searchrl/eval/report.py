@@ -25,6 +25,7 @@ from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
+from searchrl.agent import load_backend
 from searchrl.config import StrictModel, dump_config, load_config
 from searchrl.errors import SearchRLError
 from searchrl.eval import resume as saved
@@ -223,12 +224,8 @@ def run_report(cfg: ReportConfig, backend=None, progress: bool = True) -> Path:
             if state == "done":
                 console.print(f"{head}: finished, kept", highlight=False, markup=False)
                 continue
-            if backend is None:
-                from searchrl.rollout.backend import make_backend
-
-                backend = own = make_backend(
-                    cfg.rollout.backend, cfg.model, **cfg.rollout.backend_options()
-                )
+            if backend is None:  # one model for every run: the runs differ in data, method and index only
+                backend = own = load_backend(run.cfg)
             console.print(
                 f"{head}" + (" (continued)" if state == "resume" else ""),
                 highlight=False,

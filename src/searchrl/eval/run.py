@@ -40,11 +40,9 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
 
-from pydantic import Field, model_validator
-
-from searchrl.config import StrictModel, dump_config
+from searchrl.agent import Agent, build_agent
+from searchrl.config import dump_config
 from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.data.types import Passage, Question
 from searchrl.errors import SearchRLError
@@ -53,79 +51,13 @@ from searchrl.eval.answer_prompts import (
     answer_prompt,
     answer_protocol,
     closed_response,
-    first_line,
-    read_answer,
 )
+from searchrl.eval.config import EvalConfig
 from searchrl.eval.spending import Spending, judge_records
 from searchrl.eval.summary import metrics_markdown, summarize
-from searchrl.judge import JudgeConfig
-from searchrl.protocol import Protocol, ProtocolConfig
-from searchrl.retrieval import RetrievalConfig
+from searchrl.protocol import Protocol
 from searchrl.retrieval.base import Retriever
-from searchrl.rollout.config import EVAL_ROLLOUT, EvalRollout, RolloutConfig
 from searchrl.runlock import RunLock
-from searchrl.tags import TagSet
-
-METHODS = ("agent", "rag", "direct")
-
-
-class EvalConfig(StrictModel):
-    """One evaluation run. Every field is also a `--set key=value` (nested: `rollout.k=3`); the
-    common ones are `searchrl eval run` flags."""
-
-    method: Literal["agent", "rag", "direct"] = Field(
-        "agent",
-        description="agent: the model searches while it reasons (greedy rollouts); rag: retrieve "
-        "top-k with the question once, answer from the passages; direct: answer without retrieval.",
-    )
-    model: str = Field("smollm2-135m", description="Model name (smollm2-135m, tiny-random), folder or hub id.")
-    dataset: str = Field(
-        "toyworld:test", description="Catalog dataset name, question file path, or hf:NAME[@CONFIG][:SPLIT]."
-    )
-    limit: int | None = Field(None, ge=1, description="Evaluate only the first N questions; None = all.")
-    protocol: ProtocolConfig = Field(
-        default_factory=ProtocolConfig,
-        description="Tags, prompt template, documents style. Rag/direct use their own answer prompt, in chat form "
-        "when the template is a chat one.",
-    )
-    rollout: EvalRollout = Field(
-        default_factory=lambda: RolloutConfig(**EVAL_ROLLOUT),
-        description="Generation: backend, k (paper: 5 in evaluation), searches and policy tokens of an agent rollout, "
-        "batch size; greedy. Rag/direct serve no search and answer within answer_max_new_tokens.",
-    )
-    retrieval: RetrievalConfig = Field(
-        default_factory=RetrievalConfig, description="Index, retrieval server or web search; agent and rag need one, direct none."
-    )
-    judge: JudgeConfig = Field(
-        default_factory=JudgeConfig, description="ACC_L: the LLM judge asked about every prediction (judge.url null = none); "
-        "verdicts are cached on disk, so scoring the same predictions again costs nothing.",
-    )
-    answer_max_new_tokens: int = Field(
-        64, ge=1, description="Rag/direct: tokens for the answer. It is a few words and generation stops at the "
-        "closing answer tag or the turn end; the budget only cuts a model that rambles (its first line is kept).",
-    )
-    require_think: bool = Field(
-        True, description="Format rule `think` in the format-OK rate; false as in training runs that drop it (the CPU demo)."
-    )
-    dump_tokens: bool = Field(
-        False, description="Also write prompt/response token ids, loss mask and log-probs to predictions.jsonl."
-    )
-    out: str | None = Field(
-        None, description="Output folder (created). One that holds a run is refused: continue it with "
-        "`eval run --resume DIR`, or start over with `--overwrite`.",
-    )
-
-    @model_validator(mode="after")
-    def _check(self) -> EvalConfig:
-        if self.method != "direct" and self.retrieval.source is None:
-            raise ValueError(
-                f"method {self.method!r} retrieves: give an index (e.g. --index toyworld) or a "
-                "retriever URL (e.g. --retriever-url http://127.0.0.1:8000) or a web search provider (--web searxng)"
-            )
-        if self.rollout.samples_per_question != 1:
-            raise ValueError("rollout.samples_per_question must be 1: evaluation scores one prediction per question")
-        return self
-
 
 # ----------------------------------------------------------------------------------------------
 # Retrievers
@@ -142,15 +74,12 @@ class NoRetriever(Retriever):
 # Predictions and format
 
 
-def predict(traj: Trajectory, method: str, tags: TagSet) -> str | None:
-    """The prediction of one trajectory (module docstring: rag/direct fall back to the first line)."""
-    policy = "".join(s.text for s in traj.segments if s.source == "policy")
+def predict(traj: Trajectory, method: str, protocol: Protocol) -> str | None:
+    """The prediction of one trajectory (module docstring: an agent's answer the budget cut is its
+    first line; rag/direct fall back to the first line)."""
     if method == "agent":
-        if traj.answer is not None:
-            return traj.answer
-        start = policy.rfind(tags.answer_open)
-        return None if start < 0 else first_line(policy[start + len(tags.answer_open) :], tags)
-    return read_answer(policy, tags)
+        return traj.answer if traj.answer is not None else protocol.answer(traj.segments, cut_short=True)
+    return protocol.answer(traj.segments, opened=True)
 
 
 def format_verdict(traj: Trajectory, method: str, protocol: Protocol, require_think: bool = True):
@@ -172,27 +101,26 @@ def format_verdict(traj: Trajectory, method: str, protocol: Protocol, require_th
 # Running
 
 
-def generate(cfg: EvalConfig, questions: Sequence[Question], backend, retriever: Retriever | None) -> list[Trajectory]:
+def generate(cfg: EvalConfig, questions: Sequence[Question], agent: Agent) -> list[Trajectory]:
     """One trajectory per question with `cfg.method`."""
-    from searchrl.rollout.engine import RolloutEngine
-
-    protocol = Protocol.from_config(cfg.protocol)
     if cfg.method == "agent":
-        return RolloutEngine(backend, retriever, protocol, cfg.rollout).run(questions)
+        return agent.engine.run(questions)
+    protocol = agent.protocol
     rollout = cfg.rollout.model_copy(update={"max_searches": 0, "max_new_tokens": cfg.answer_max_new_tokens})
     found: list[list[Passage]] | None = None
     if cfg.method == "rag":
         found = []
         for start in range(0, len(questions), rollout.batch_size):
             batch = questions[start : start + rollout.batch_size]
-            found.extend(retriever.search([q.question for q in batch], rollout.k))
+            found.extend(agent.retriever.search([q.question for q in batch], rollout.k))
     prompts = [
-        answer_prompt(q.question, found[i] if found is not None else None, protocol.tags, protocol.template, backend.tokenizer)
+        answer_prompt(q.question, found[i] if found is not None else None, protocol.tags, protocol.template, agent.backend.tokenizer)
         for i, q in enumerate(questions)
     ]
-    trajs = RolloutEngine(backend, NoRetriever(), answer_protocol(protocol), rollout).run(questions, prompts)
+    answering = build_agent(cfg, agent.backend, NoRetriever(), protocol=answer_protocol(protocol), rollout=rollout)
+    trajs = answering.engine.run(questions, prompts)
     for i, (q, t) in enumerate(zip(questions, trajs)):
-        t.answer = predict(t, cfg.method, protocol.tags)
+        t.answer = predict(t, cfg.method, protocol)
         if found is not None:
             t.queries, t.retrieved_ids, t.n_searches = [q.question], [[p.id for p in found[i]]], 1
     return trajs
@@ -205,7 +133,7 @@ def records(cfg: EvalConfig, questions: Sequence[Question], trajs: Sequence[Traj
     protocol = Protocol.from_config(cfg.protocol)
     out = []
     for q, t in zip(questions, trajs):
-        prediction = predict(t, cfg.method, protocol.tags)
+        prediction = predict(t, cfg.method, protocol)
         verdict = format_verdict(t, cfg.method, protocol, cfg.require_think)
         rec = t.to_dict(tokens=cfg.dump_tokens)
         rec.update(
@@ -262,35 +190,31 @@ def run_eval(cfg: EvalConfig, progress: bool = True, backend=None, resume: bool 
 
 @contextlib.contextmanager
 def _services(cfg: EvalConfig, questions: Sequence[Question], out: Path, backend, fresh: bool):
-    """(retriever, judge, backend) for generating into `out`, each checked as it opens, in the
-    order of how fast they fail: the server and the judge in a second, the model in minutes; then
-    whether an agent's rollouts over `questions` fit the model's context. `fresh`: a new run,
-    whose web search budget starts from zero."""
+    """(judge, agent) for generating into `out`, each checked as it opens, in the order of how
+    fast they fail: the judge, then the agent's retriever (the server) in a second, its model in
+    minutes; then whether an agent's rollouts over `questions` fit the model's context. `fresh`: a
+    new run, whose web search budget starts from zero."""
     with contextlib.ExitStack() as stack:
-        retriever = judge = None
-        if cfg.method != "direct":
-            retriever = stack.enter_context(contextlib.closing(cfg.retrieval.open(run=str(out.resolve()), new_run=fresh)))
-            retriever.check()
+        judge = None
         if cfg.judge.url is not None:
             judge = stack.enter_context(contextlib.closing(cfg.judge.build()))
-        if backend is None:
-            from searchrl.rollout.backend import make_backend
-
-            backend = make_backend(cfg.rollout.backend, cfg.model, **cfg.rollout.backend_options())
+        agent = stack.enter_context(contextlib.closing(
+            build_agent(cfg, backend, search=cfg.method != "direct", run=str(out.resolve()), new_run=fresh)
+        ))
         if cfg.method == "agent":
             from searchrl.rollout.bounds import check_rollout_fits
 
-            check_rollout_fits(cfg.rollout, Protocol.from_config(cfg.protocol), backend.tokenizer, backend.max_context,
-                               questions, retriever, cfg.retrieval.index)
-        yield retriever, judge, backend
+            check_rollout_fits(cfg.rollout, agent.protocol, agent.backend.tokenizer, agent.backend.max_context,
+                               questions, agent.retriever, cfg.retrieval.index)
+        yield judge, agent
 
 
-def _answer_the_rest(cfg: EvalConfig, questions: Sequence[Question], recs: list[dict], spent: dict, retriever, judge,
-                     backend, progress: bool) -> dict:
+def _answer_the_rest(cfg: EvalConfig, questions: Sequence[Question], recs: list[dict], spent: dict, judge, agent: Agent,
+                     progress: bool) -> dict:
     """Generate (and judge) the questions after `recs` batch by batch, appending each batch's
     records to `recs` and to predictions.jsonl; return what all runs so far spent."""
     out, size = Path(cfg.out), cfg.rollout.batch_size
-    tally = Spending(spent, judge, retriever)
+    tally = Spending(spent, judge, agent.retriever)
     bar = None
     if progress:
         from tqdm import tqdm
@@ -301,7 +225,7 @@ def _answer_the_rest(cfg: EvalConfig, questions: Sequence[Question], recs: list[
         for start in range(len(recs) // size * size, len(questions), size):
             batch = questions[start : start + size]
             started = time.perf_counter()
-            trajs = generate(cfg, batch, backend, retriever)
+            trajs = generate(cfg, batch, agent)
             tally.seconds += time.perf_counter() - started
             new = records(cfg, batch, trajs)[len(recs) - start :]
             if judge is not None:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from searchrl.eval.spending import cache_hit_rate, spending_rows
 
 if TYPE_CHECKING:
-    from searchrl.eval.run import EvalConfig
+    from searchrl.eval.config import EvalConfig
 
 
 def retrieval_recall(recs: Sequence[dict]) -> float | None:

@@ -12,8 +12,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from searchrl.agent import AgentConfig
 from searchrl.config import StrictModel
-from searchrl.protocol import ProtocolConfig
 from searchrl.retrieval import RetrievalConfig
 from searchrl.rewards import RewardConfig
 from searchrl.rl.health import HealthConfig
@@ -130,7 +130,7 @@ class LoggingConfig(StrictModel):
     progress: bool = Field(True, description="Print one line per step and a rollout progress bar.")
 
 
-class TrainConfig(StrictModel):
+class TrainConfig(AgentConfig):
     """A two-stage outcome-based RL run (R1-Searcher). `searchrl train --config FILE key=value ...`."""
 
     model: str = Field("smollm2-135m", description="Policy to start from: smollm2-135m, tiny-random, a local folder (e.g. a Stage-1 checkpoint) or a hub id.")
@@ -143,7 +143,6 @@ class TrainConfig(StrictModel):
     )
     seed: int = Field(0, description="Seeds data order, sampling and update shuffling; same seed, same run (on the same hardware).")
     out: str | None = Field(None, description="Run directory; null = runs/train-YYYYmmdd-HHMMSS.")
-    protocol: ProtocolConfig = Field(default_factory=ProtocolConfig, description="Tags, prompt template, documents style.")
     rollout: RolloutConfig = Field(
         default_factory=RolloutConfig,
         description="Generation settings (k, searches, budgets, temperature, top-p). samples_per_question and seed are set per stage/step by the trainer.",

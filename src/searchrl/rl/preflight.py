@@ -22,6 +22,7 @@ class Prepared:
 
     questions: dict[int, list]  # stage -> its training items: questions (kind rl), their gold paths (kind sft)
     retriever: Retriever
+    protocol: Protocol
 
 
 def stage_questions(stage_cfg, key: str) -> list[Question]:
@@ -73,4 +74,4 @@ def preflight(cfg: TrainConfig, stages: list[int], model: str) -> Prepared:
     for s in stages:
         if cfg.stage(s).kind == "sft":
             questions[s] = gold_examples(questions[s], retriever, cfg.rollout, f"stage{s}")
-    return Prepared(questions, retriever)
+    return Prepared(questions, retriever, protocol)

@@ -11,6 +11,7 @@ hands it the actor's new weights (`sync_weights`).
 
 from __future__ import annotations
 
+from searchrl.agent import Agent, build_agent, load_backend
 from searchrl.data.trajectory import Trajectory
 from searchrl.data.types import Question
 from searchrl.protocol import Protocol
@@ -18,24 +19,20 @@ from searchrl.retrieval.base import Retriever
 from searchrl.retrieval.querycache import CachedRetriever, RetrievalCounts
 from searchrl.retrieval.web.budget import COUNTERS
 from searchrl.rl.actor import Actor
-from searchrl.rollout.backend import GenerationBackend
-from searchrl.rollout.config import RolloutConfig
-from searchrl.rollout.engine import RolloutEngine
 
 
 class RolloutWorker:
-    def __init__(self, backend: GenerationBackend, retriever: Retriever, protocol: Protocol, cfg: RolloutConfig, precision) -> None:
-        # Counted always: a retriever opened by `RetrievalConfig` already is, any other gets a counter.
-        retriever = retriever if isinstance(retriever, CachedRetriever) else CachedRetriever(retriever)
-        self.engine = RolloutEngine(backend, retriever, protocol, cfg)
-        self.cfg = cfg
+    def __init__(self, agent: Agent, precision) -> None:
+        self.engine = agent.engine
+        self.cfg = agent.engine.cfg
         self.precision = precision  # context manager factory: the actor's mixed precision (hf)
-        self._spent = retriever.usage()
-        self._searched = retriever.counts()
+        self._spent = agent.retriever.usage()
+        self._searched = agent.retriever.counts()
 
     @classmethod
     def create(cls, actor: Actor, retriever: Retriever, protocol: Protocol) -> RolloutWorker:
-        """The backend `actor.cfg.rollout.backend` names, holding the actor's current weights."""
+        """The agent of the run over the backend `actor.cfg.rollout.backend` names, holding the
+        actor's current weights, and `retriever` (opened by the preflight checks)."""
         cfg = actor.cfg
         if cfg.rollout.backend == "hf" and not actor.dist.sharded:
             from searchrl.rollout.hf_backend import HFBackend
@@ -49,11 +46,11 @@ class RolloutWorker:
             backend = HFBackend(*load_model(cfg.model, device=cfg.device, dtype=compute_dtype(cfg)))
             backend.sync_weights(actor.model)
         else:
-            from searchrl.rollout.backend import make_backend
-
-            backend = make_backend(cfg.rollout.backend, cfg.model, **cfg.rollout.backend_options())
+            backend = load_backend(cfg)
             backend.sync_weights(actor.model)  # a resumed or LoRA actor differs from cfg.model
-        return cls(backend, retriever, protocol, cfg.rollout, actor.autocast)
+        # Counted always: a retriever opened by `RetrievalConfig` already is, any other gets a counter.
+        retriever = retriever if isinstance(retriever, CachedRetriever) else CachedRetriever(retriever)
+        return cls(build_agent(cfg, backend, retriever, protocol=protocol), actor.autocast)
 
     @property
     def protocol(self) -> Protocol:

@@ -23,7 +23,6 @@ import torch
 
 from searchrl.config import dump_config
 from searchrl.errors import SearchRLError
-from searchrl.protocol import Protocol
 from searchrl.rl import checkpoint as ckpt
 from searchrl.rl import rollback, rundir
 from searchrl.rl.actor import Actor
@@ -130,7 +129,7 @@ def _train(cfg: TrainConfig, resume: Path | None, stages: list[int] | None, d: D
     actor = Actor.load(cfg, state_dir, lora_resume=bool(state and state.lora), dist=d)
     if state is not None:
         ckpt.set_rng_state(ckpt.load_rng(state_dir, state, d.rank))
-    worker = RolloutWorker.create(actor, prepared.retriever, Protocol.from_config(cfg.protocol))
+    worker = RolloutWorker.create(actor, prepared.retriever, prepared.protocol)
     logger = RunLogger(run_dir, cfg.logging.tensorboard, purge_step=state.step + 1 if state else None,
                        echo=cfg.logging.progress) if d.main else None
     metrics_lines = state.metrics_lines if state else 0

@@ -322,7 +322,6 @@ class RolloutEngine:
             text_ids = ids[:-1] if ids and ids[-1] in eos and r.stop_reason == "eos" and ids is r.runs[-1][1] else ids
             if text_ids:
                 segments.append(Segment(self.backend.decode(text_ids), "policy"))
-        policy_text = "".join(s.text for s in segments if s.source == "policy")
         return Trajectory(
             question_id=r.question.id,
             question=r.question.question,
@@ -334,7 +333,7 @@ class RolloutEngine:
             queries=r.queries,
             retrieved_ids=r.retrieved_ids,
             n_searches=len(r.queries),
-            answer=self.protocol.extract_answer(policy_text),
+            answer=self.protocol.answer(segments),
             stop_reason=r.stop_reason or "length",
             truncated_documents=r.truncated_documents,
             timing={"generation_s": r.gen_s, "retrieval_s": r.ret_s},
