@@ -117,8 +117,10 @@ def peak_rss_gb() -> float:
 def run_ours(args) -> dict:
     import torch
 
+    from searchrl.agent import build_agent
     from searchrl.protocol import Protocol, ProtocolConfig
     from searchrl.retrieval.base import Retriever
+    from searchrl.retrieval.querycache import CachedRetriever
     from searchrl.rewards import RewardBreakdown
     from searchrl.rl import step
     from searchrl.rl.actor import Actor
@@ -163,7 +165,7 @@ def run_ours(args) -> dict:
     else:  # a fresh engine on the same folder holds the actor's weights; train_step syncs after each update
         backend = make_backend("vllm", args.model, **cfg.rollout.backend_options())
         kv_gb = backend.llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes / 2**30
-    worker = RolloutWorker(backend, NoSearch(), no_stops, cfg.rollout, actor.autocast)
+    worker = RolloutWorker(build_agent(cfg, backend, CachedRetriever(NoSearch()), protocol=no_stops), actor.autocast)
     base_gb = peak_rss_gb()
 
     def reward(traj, golds, *a, **kw):  # replaces the stage reward: the same toy reward as TRL's
