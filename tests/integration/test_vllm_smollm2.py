@@ -161,6 +161,7 @@ def test_cli_eval_run_and_ask_use_the_vllm_backend(vllm_backend, tmp_path, monke
         return vllm_backend
 
     monkeypatch.setattr(backend_module, "make_backend", shared_engine)
+    monkeypatch.setattr(vllm_backend, "close", lambda: None)  # the module's engine outlives the commands
     runner = CliRunner()
     result = runner.invoke(app, ["eval", "run", "--backend", "vllm", "--limit", "2", "--index", "toyworld", "--tags", "search-r1",
                                  "--template", "oneshot", "--max-new-tokens", "48", "--out", str(tmp_path), "--json"])
