@@ -28,7 +28,7 @@ from searchrl.outbound import KeyWithheld, OutboundRefused, check_public_url, cl
 from searchrl.retrieval.http import HttpRetriever, RetryConfig
 from searchrl.retrieval.web import pages
 from searchrl.retrieval.web.config import WebConfig
-from searchrl.retrieval.web.pages import fetch_text
+from searchrl.retrieval.web.pages import PageReader, PageUnreadable, read_page
 from searchrl.retrieval.web.retriever import WebRetriever
 
 PUBLIC = "93.184.216.34"  # a public address; the fake internet serves it from 127.0.0.1
@@ -151,15 +151,19 @@ def test_a_redirect_to_a_private_address_is_refused_at_that_hop(dns, internet, s
         assert http.get(_url(site, "news.test", hop)).text == "<p>instance credentials</p>"
 
 
-def test_a_redirect_to_file_is_refused_and_a_page_fetch_falls_back(dns, internet, site, monkeypatch):
+def test_a_redirect_to_file_is_refused_and_a_page_fetch_falls_back(dns, internet, site, monkeypatch, tmp_path):
     dns["news.test"] = PUBLIC
     monkeypatch.setattr(pages, "_refusals_said", False)
-    with client(5, public_only=True, follow_redirects=True) as http:
-        with pytest.raises((OutboundRefused, httpx.UnsupportedProtocol)):
-            http.get(_url(site, "news.test", "/to-file"))
+    with client(5, public_only=True, follow_redirects=True) as http, \
+            pytest.raises((OutboundRefused, httpx.UnsupportedProtocol)):
+        http.get(_url(site, "news.test", "/to-file"))
+    reader = PageReader(WebConfig(cache=str(tmp_path / "web.sqlite")))  # result pages: private not allowed
+    try:
         with pytest.warns(pages.PageRefused, match="snippets stand in .*127.0.0.1 is a loopback address"):
-            assert fetch_text(http, _url(site, "news.test", "/to-loopback"), 10_000) is None
-        assert fetch_text(http, _url(site, "news.test", "/to-name"), 10_000) is None  # said once a process
+            assert reader.text(_url(site, "news.test", "/to-loopback")) is None
+        assert reader.text(_url(site, "news.test", "/to-name")) is None  # said once a process
+    finally:
+        reader.close()
 
 
 def _certificates(folder, name: str) -> tuple[str, str, str]:
@@ -229,7 +233,8 @@ def test_a_dribbling_server_is_cut_at_the_total_deadline(part):
                 http.get(server.base + "/slow")
             assert 0.9 < time.monotonic() - started < 1.6
             started = time.monotonic()
-            assert fetch_text(http, server.base + "/slow", 10_000) is None  # a page fetch gives up alike
+            with pytest.raises(PageUnreadable):  # a page fetch gives up alike
+                read_page(http, server.base + "/slow", 10_000)
             assert time.monotonic() - started < 1.6
     finally:
         server.close()
@@ -248,7 +253,7 @@ def test_answers_over_the_cap_are_refused_and_a_page_is_cut_at_it(site):
     with client(5, max_bytes=1000) as http:
         with pytest.raises(OutboundRefused, match="more than 1000 bytes"):
             http.get(site.base + "/big")
-        assert fetch_text(http, site.base + "/big", 1000) == "x" * 1000  # a streamed read stops at the cap
+        assert read_page(http, site.base + "/big", 1000) == "x" * 1000  # a streamed read stops at the cap
         with pytest.raises(OutboundRefused, match="gzip-compressed"):
             http.get(site.base + "/gzip")  # its size in memory could not be capped
         assert http.get(site.base + "/page").headers["content-type"] == "text/html"

@@ -9,8 +9,8 @@ The transport is the standard library's `http.client`, not httpx: on a 64-query 
 ~170 KB answer) httpx spent 1.2 ms of CPU per request against 0.4 ms here, which was a fifth of
 the whole HTTP overhead next to an in-process BM25 search (bench/retrieval.py). The policy of
 `searchrl.outbound` is kept by hand here: a total deadline per request (retries aside), answers
-read up to `MAX_ANSWER_BYTES`, and a bearer token (`retrieval.api_key_env`) sent only over https,
-to a loopback host or to a host listed in $SEARCHRL_KEY_HOSTS. The URL is the user's own, not a
+read up to `MAX_ANSWER_BYTES`, and a bearer token (`retrieval.api_key_env`) sent only to a loopback
+host or to a host listed in $SEARCHRL_KEY_HOSTS. The URL is the user's own, not a
 model's: no address policy.
 """
 

@@ -130,16 +130,6 @@ def read_page(client: httpx.Client, url: str, max_bytes: int) -> str:
     return text
 
 
-def fetch_text(client: httpx.Client, url: str, max_bytes: int) -> str | None:
-    """`read_page`, or None when the page cannot be read: the caller falls back to the snippet."""
-    try:
-        return read_page(client, url, max_bytes)
-    except PageUnreadable as exc:
-        if exc.refused:
-            _say_refused(exc)
-        return None
-
-
 class PageReader:
     """Pages read under the address policy (`cfg.allow_private`, `cfg.timeout_s`,
     `cfg.max_page_bytes`) through the web cache, counted in a run's web `budget` (None: not
@@ -170,12 +160,16 @@ class PageReader:
         return text, True
 
     def text(self, url: str) -> str | None:
-        """A search result's page text; None when it cannot be read (refusals said once a process)."""
+        """A search result's page text; None when it cannot be read: its snippet stands in
+        (refusals said once a process: every result of an intranet search would repeat it)."""
+        global _refusals_said
         try:
             return self.read(url)[0]
         except PageUnreadable as exc:
-            if exc.refused:
-                _say_refused(exc)
+            if exc.refused and not _refusals_said:
+                _refusals_said = True
+                warnings.warn(PageRefused(f"result pages the address policy refuses are not read, their snippets "
+                                          f"stand in (first: {exc})"), stacklevel=2)
             return None
 
     def _count(self, **counts: int) -> None:
@@ -188,16 +182,7 @@ class PageReader:
             self.store.close()
 
 
-_refusals_said = False
-
-
-def _say_refused(exc: SearchRLError) -> None:
-    # Once a process: every result of an intranet search would repeat it.
-    global _refusals_said
-    if not _refusals_said:
-        _refusals_said = True
-        warnings.warn(PageRefused(f"result pages the address policy refuses are not read, their snippets stand in (first: {exc})"),
-                      stacklevel=3)
+_refusals_said = False  # PageReader.text says a refusal once a process
 
 
 def _terms(text: str) -> set[str]:
