@@ -269,6 +269,7 @@ def site():
         "/secret": (200, "<p>instance credentials</p>", "text/html"),
         "/to-loopback": (302, "", "text/plain", {"Location": f"http://127.0.0.1:{port}/secret"}),
         "/pdf": (200, b"%PDF-1.4", "application/pdf"),
+        "/long": (200, "<p>" + "word " * 400 + "</p>", "text/html"),
     })
     yield server
     server.close()
@@ -347,6 +348,63 @@ def test_page_reader_counts_failures_without_caching_them(tmp_path, site):
     finally:
         reader.close()
     assert site.paths() == ["/missing", "/missing", "/page"]
+
+
+def test_a_page_cached_with_private_addresses_allowed_is_refused_to_a_run_that_refuses_them(tmp_path, site, dns, internet):  # noqa: F811
+    dns["news.test"] = PUBLIC
+    urls = [{"url": site.base + "/secret"}, {"url": _url(site, "news.test", "/to-loopback")}]  # private; redirects there
+    tool, ctx = _open(tmp_path, allow_private=True)
+    try:
+        assert all(obs.ok and "instance credentials" in obs.text for obs in tool.call(urls))
+    finally:
+        ctx.close()
+    tool, ctx = _open(tmp_path, allow_private=False)  # the same web cache
+    try:
+        direct, hop = tool.call(urls)
+    finally:
+        ctx.close()
+    for obs in (direct, hop):
+        assert (obs.ok, obs.error) == (False, "refused") and "127.0.0.1 is a loopback address: not fetched" in obs.text
+        assert "instance credentials" not in obs.text
+    # The first run read the secret twice (directly, then redirected); the second fetched only the redirect again.
+    assert sorted(site.paths()) == ["/secret", "/secret", "/to-loopback", "/to-loopback"]
+
+
+def test_a_page_cached_under_the_public_policy_is_served_to_either_cut_to_the_readers_cap(tmp_path, site, dns, internet):  # noqa: F811
+    dns["news.test"] = PUBLIC
+    cache, page, long = str(tmp_path / "c.sqlite"), _url(site, "news.test", "/page"), _url(site, "news.test", "/long")
+    readers = [PageReader(WebConfig(cache=cache)), PageReader(WebConfig(cache=cache)),
+               PageReader(WebConfig(cache=cache, allow_private=True)), PageReader(WebConfig(cache=cache, max_page_bytes=1000))]
+    try:
+        assert readers[0].read(page) == ("Quellbridge lies on the Tessaly.", True)
+        assert readers[1].read(page) == readers[2].read(page) == ("Quellbridge lies on the Tessaly.", False)  # cache hits
+        full, fetched = readers[0].read(long)
+        assert (len(full), fetched) == (1999, True) and readers[3].read(long) == (full[:1000], False)
+    finally:
+        for reader in readers:
+            reader.close()
+    assert site.paths() == ["/page", "/long"]
+
+
+def test_pages_cached_before_the_policy_was_recorded_are_served_only_where_private_addresses_are_allowed(
+        tmp_path, site, dns, internet):  # noqa: F811
+    from searchrl.retrieval.web.budget import SCHEMA
+    from searchrl.sqlcache import SqliteStore
+
+    dns["news.test"] = PUBLIC
+    cache, url = tmp_path / "c.sqlite", _url(site, "news.test", "/page")
+    old = SqliteStore(cache, SCHEMA)
+    old.put("page", url, "an old cache's text")  # the namespace pages had before their policy was recorded
+    old.close()
+    private, public = PageReader(WebConfig(cache=str(cache), allow_private=True)), PageReader(WebConfig(cache=str(cache)))
+    try:
+        assert private.read(url) == ("an old cache's text", False)
+        assert public.read(url) == ("Quellbridge lies on the Tessaly.", True)  # fetched under its own policy
+        assert public.read(url) == private.read(url) == ("Quellbridge lies on the Tessaly.", False)  # now recorded public
+    finally:
+        private.close()
+        public.close()
+    assert site.paths() == ["/page"]
 
 
 # ------------------------------------------------------------------------------ calculate

@@ -24,7 +24,6 @@ from typing import Any, ClassVar
 import numpy as np
 
 from searchrl.data.types import Passage
-from searchrl.outbound import OutboundRefused, check_public_url
 from searchrl.tags import clean_query
 from searchrl.tools.base import Observation, Tool
 from searchrl.tools.registry import TOOLS
@@ -163,10 +162,7 @@ class Open(Tool):
 
         reader, url, t0 = self.context.pages, url.strip(), time.perf_counter()
         try:
-            check_public_url(url, reader.cfg.allow_private)  # a clear message before any request
-            text, fetched = reader.read(url)
-        except OutboundRefused as exc:
-            return _refused(f"open: {_for_model(str(exc))}", "refused")
+            text, fetched = reader.read(url)  # the address policy checks the URL first, cached or not
         except PageUnreadable as exc:
             return _refused(f"open: {_for_model(str(exc))}", "refused" if exc.refused else "unreadable")
         obs = self._observation(url, [Passage(url, url, text)])

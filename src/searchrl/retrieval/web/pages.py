@@ -17,7 +17,7 @@ import httpx
 from searchrl import outbound
 from searchrl.errors import DataWarning, SearchRLError
 from searchrl.llm import ChatClient
-from searchrl.outbound import OutboundRefused
+from searchrl.outbound import OutboundRefused, check_public_url
 from searchrl.retrieval.web.budget import SCHEMA
 from searchrl.sqlcache import SqliteStore
 
@@ -130,6 +130,24 @@ def read_page(client: httpx.Client, url: str, max_bytes: int) -> str:
     return text
 
 
+def _check_url(url: str, allow_private: bool) -> None:
+    try:
+        check_public_url(url, allow_private)
+    except OutboundRefused as exc:
+        raise PageUnreadable(str(exc), refused=True) from None
+
+
+# The web cache's pages by the address policy they were fetched under (`allow_private`): a page
+# fetched with private addresses allowed (its URL or a redirect hop may have been one) is never
+# served to a run that refuses them; that run fetches it under its own policy. `_OLD_PAGES`:
+# pages cached before the policy was recorded. They may come from either policy (or from none:
+# before `allow_private` existed no address was refused), so only runs allowing private
+# addresses read them; a public run fetches such a page again once and records it as public.
+# Nothing is discarded, and pages cost no search request: only the fetch is repeated.
+_PAGES = {False: "page/public", True: "page/private"}
+_OLD_PAGES = "page"
+
+
 class PageReader:
     """Pages read under the address policy (`cfg.allow_private`, `cfg.timeout_s`,
     `cfg.max_page_bytes`) through the web cache, counted in a run's web `budget` (None: not
@@ -146,18 +164,28 @@ class PageReader:
 
     def read(self, url: str) -> tuple[str, bool]:
         """(the page's text, whether it was fetched now rather than found in the cache);
-        `PageUnreadable` when it cannot be read (not cached: it may be readable next time)."""
-        cached = self.store.get("page", url)
-        if cached is not None:
-            return cached, False
+        `PageUnreadable` when it cannot be read (not cached: it may be readable next time).
+        Only a page this reader's address policy would have fetched comes from the cache."""
         try:
+            _check_url(url, self.cfg.allow_private)  # cached or not: the clear message, before anything
+            cached = self._cached(url)
+            if cached is not None:
+                # Cut to this run's cap when cached under a larger one: the text of n bytes is at
+                # most n characters, so the cap bounds what a run holds of a page.
+                return cached[: self.cfg.max_page_bytes], False
             text = read_page(self.client, url, self.cfg.max_page_bytes)
         except PageUnreadable:
             self._count(page_failures=1)
             raise
         self._count(pages=1)
-        self.store.put("page", url, text)
+        self.store.put(_PAGES[self.cfg.allow_private], url, text)
         return text, True
+
+    def _cached(self, url: str) -> str | None:
+        for ns in (_PAGES[False], _PAGES[True], _OLD_PAGES) if self.cfg.allow_private else (_PAGES[False],):
+            if (text := self.store.get(ns, url)) is not None:
+                return text
+        return None
 
     def text(self, url: str) -> str | None:
         """A search result's page text; None when it cannot be read: its snippet stands in
