@@ -1,43 +1,96 @@
-"""One agent, built in one place: the model, the protocol it speaks, how it rolls out and where
-its searches go (`AgentConfig`), and the function that builds it (`build_agent`).
+"""One agent, built in one place: the model, the protocol it speaks, the tools it may call, how
+it rolls out and where its searches go (`AgentConfig`), and the function that builds it
+(`build_agent`).
 
 Every command that runs rollouts (`train`, `eval run`, `ask`, `data select`, and through them
-`eval report` and the demo) has these four sections at the top level of its config, as it always
-had: its config class inherits them from `AgentConfig`, redeclaring a field only to change its
-default or its help (evaluation decodes greedily with k=5; training must search). The tool
-registry and the native tool-call format join this section next to `protocol`.
+`eval report` and the demo) has these sections at the top level of its config: its config class
+inherits them from `AgentConfig`, redeclaring a field only to change its default or its help
+(evaluation decodes greedily with k=5; training must search).
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from searchrl.config import StrictModel
+from searchrl.errors import SearchRLError
 from searchrl.protocol import Protocol, ProtocolConfig
 from searchrl.retrieval import RetrievalConfig
 from searchrl.retrieval.base import Retriever
 from searchrl.rollout import backend as backends
 from searchrl.rollout.backend import GenerationBackend
 from searchrl.rollout.config import RolloutConfig
+from searchrl.tags import format_passages
+from searchrl.toolformat import NativeChat, check_template
+from searchrl.toolformat.protocol import NativeProtocol
+from searchrl.tools import ToolContext, build_tools, tool_class
 
 if TYPE_CHECKING:
     from searchrl.rollout.engine import RolloutEngine
+
+log = logging.getLogger(__name__)
 
 
 class AgentConfig(StrictModel):
     """Model + protocol + rollout + retrieval: what an agent is built from (`build_agent`)."""
 
     model: str = Field("smollm2-135m", description="Model name (smollm2-135m, tiny-random), folder or hub id.")
-    protocol: ProtocolConfig = Field(default_factory=ProtocolConfig, description="Tags, prompt template, documents style.")
+    protocol: ProtocolConfig = Field(
+        default_factory=ProtocolConfig, description="Tags or native tool calls, prompt template, documents style."
+    )
+    tools: list[str] = Field(
+        default_factory=lambda: ["search"], min_length=1,
+        description="Tools the model may call: search, open, calculate, or your own as package.module:ClassName "
+        "(README \"Tools\"). The tag protocols speak search only.",
+    )
     rollout: RolloutConfig = Field(
         default_factory=RolloutConfig, description="Generation settings: backend, k, searches, budgets, temperature, top-p."
     )
     retrieval: RetrievalConfig = Field(
         default_factory=RetrievalConfig, description="Index, retrieval server or web search the rollouts query."
     )
+
+
+    @model_validator(mode="after")
+    def _tools_of_format(self) -> AgentConfig:
+        if self.protocol.format == "tags" and self.tools != ["search"]:
+            raise ValueError(f"the tag protocols speak the search tool only (tools: {self.tools}); "
+                             "set protocol.format: tool-calls to give the model other tools")
+        return self
+
+
+# The built-in models (SmolLM2-135M-Instruct's template) have no tool section: tool calls use our
+# Hermes-style fallback for them, said once. Any other model without one gets the error naming it.
+BUILTIN_CHAT_TEMPLATES = {"smollm2-135m": "hermes-fallback", "tiny-random": "hermes-fallback"}
+
+
+def build_protocol(cfg: AgentConfig, tokenizer) -> Protocol | NativeProtocol:
+    """The protocol of `cfg`. Tool calls: the chat template bound to `tokenizer` and the schemas
+    of `cfg.tools`, self-tested (a template that is not prefix-preserving stops here)."""
+    if cfg.protocol.format == "tags":
+        return Protocol.from_config(cfg.protocol)
+    p = cfg.protocol
+    if tokenizer is None:
+        raise SearchRLError("protocol.format tool-calls needs the model's tokenizer; this backend has none")
+    template = p.chat_template
+    if template is None and cfg.model in BUILTIN_CHAT_TEMPLATES:
+        template = BUILTIN_CHAT_TEMPLATES[cfg.model]
+        _say_once(f"{cfg.model}'s chat template has no tool section: tool calls use searchrl's {template} template "
+                  "(protocol.chat_template)")
+    chat = NativeChat(tokenizer, [tool_class(name).schema() for name in cfg.tools], p.call_format, template,
+                      p.template_kwargs)
+    check_template(chat)
+    return NativeProtocol(chat, p.template)
+
+
+@functools.cache
+def _say_once(message: str) -> None:
+    log.warning(message)
 
 
 def load_backend(cfg: AgentConfig) -> GenerationBackend:
@@ -50,7 +103,7 @@ class Agent:
     """A model that speaks a protocol and searches: protocol, backend, retriever and the rollout
     engine over them. `close()` frees what `build_agent` opened (never what its caller lent)."""
 
-    protocol: Protocol
+    protocol: Protocol | NativeProtocol
     backend: GenerationBackend
     retriever: Retriever | None
     engine: RolloutEngine
@@ -95,6 +148,17 @@ def build_agent(
         for service in reversed(owned):
             service.close()
         raise
-    protocol = protocol or Protocol.from_config(cfg.protocol)
-    engine = RolloutEngine(backend, retriever, protocol, rollout or cfg.rollout)
+    rollout = rollout or cfg.rollout
+    style = cfg.protocol.doc_style
+    context = ToolContext.of(retriever, rollout.k, lambda passages: format_passages(passages, style))
+    owned.append(context)
+    try:
+        tools = build_tools(cfg.tools, context)
+        owned.extend(tools.values())
+        protocol = protocol or build_protocol(cfg, backend.tokenizer)
+    except BaseException:
+        for service in reversed(owned):
+            service.close()
+        raise
+    engine = RolloutEngine(backend, retriever, protocol, rollout, tools)
     return Agent(protocol, backend, retriever, engine, owned)

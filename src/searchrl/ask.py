@@ -7,7 +7,8 @@ training do. Two thin wrappers let the view follow it:
   and hands the new text to a callback after every piece. The transformers backend carries its
   cache and its stop-string window across calls, so the pieces add up to the same continuation
   one call would have produced (greedy: token for token).
-- `AnnouncingRetriever` reports every batched search (queries and the passages found).
+- `AnnouncingTool` reports every batched call of a tool (arguments and observations): searches
+  in the tag protocols, any tool's calls in the tool-call format.
 """
 
 from __future__ import annotations
@@ -15,15 +16,15 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from pydantic import Field, field_validator
 
 from searchrl.agent import AgentConfig, build_agent
 from searchrl.data.trajectory import Trajectory
-from searchrl.data.types import Passage, Question
+from searchrl.data.types import Question
 from searchrl.display import visible
 from searchrl.retrieval import RetrievalConfig
-from searchrl.retrieval.base import Retriever
 from searchrl.rollout.backend import (
     Continuation,
     GenerationBackend,
@@ -31,6 +32,9 @@ from searchrl.rollout.backend import (
     per_sequence_budgets,
 )
 from searchrl.rollout.config import EVAL_ROLLOUT, EvalRollout, RolloutConfig
+from searchrl.tools.base import Observation, Tool
+
+OBSERVATION_LINES = 6  # lines of a tool's result the live view shows
 
 
 class StreamingBackend(GenerationBackend):
@@ -117,20 +121,18 @@ class StreamingBackend(GenerationBackend):
         return shown
 
 
-class AnnouncingRetriever(Retriever):
-    """Delegates to `inner` and calls `on_search(queries, results)` after every search."""
+class AnnouncingTool(Tool):
+    """Delegates to `inner`; calls `on_call(name, arguments, observations)` after every batch."""
 
-    def __init__(self, inner: Retriever, on_search: Callable[[list[str], list[list[Passage]]], None]) -> None:
-        self.inner = inner
-        self.on_search = on_search
+    def __init__(self, inner: Tool, on_call: Callable[[str, list[dict], list[Observation]], None]) -> None:
+        super().__init__(inner.context)
+        self.inner, self.on_call = inner, on_call
+        self.name, self.description, self.parameters = inner.name, inner.description, inner.parameters
 
-    def search(self, queries: list[str], k: int) -> list[list[Passage]]:
-        results = self.inner.search(queries, k)
-        self.on_search(list(queries), results)
-        return results
-
-    def close(self) -> None:
-        self.inner.close()
+    def call(self, calls: Sequence[dict[str, Any]]) -> list[Observation]:
+        observations = self.inner.call(calls)
+        self.on_call(self.name, list(calls), observations)
+        return observations
 
 
 class AskConfig(AgentConfig):
@@ -176,9 +178,9 @@ def ask(
             return traj
         view = _LiveView(console, agent.protocol)
         view.header(question, cfg.model, cfg.retrieval.source, sample=not cfg.rollout.greedy)
-        shown = build_agent(
-            cfg, StreamingBackend(agent.backend, view.text, chunk), AnnouncingRetriever(agent.retriever, view.search)
-        )
+        shown = build_agent(cfg, StreamingBackend(agent.backend, view.text, chunk), agent.retriever, protocol=agent.protocol)
+        agent.owned.append(shown)
+        shown.engine.tools = {name: AnnouncingTool(tool, view.calls) for name, tool in shown.engine.tools.items()}
         started = time.perf_counter()
         traj = shown.engine.run([q])[0]
         view.finish(traj, time.perf_counter() - started, agent.retriever.usage())
@@ -205,7 +207,7 @@ class _LiveView:
             console = Console()
         self.console = console
         self.protocol = protocol
-        self.n_search = 0
+        self.n_calls = 0
 
     def header(self, question: str, model: str, retriever: str, sample: bool) -> None:
         from rich.panel import Panel
@@ -223,22 +225,30 @@ class _LiveView:
 
         self.console.print(Text(visible(text), style="dim"), end="", soft_wrap=True)
 
-    def search(self, queries: list[str], results: list[list[Passage]]) -> None:
+    def calls(self, name: str, arguments: list[dict], observations: list[Observation]) -> None:
+        """One batch of calls of tool `name`: each call's arguments in a panel, then what it
+        returned: a search's passages by title, any other observation's first lines."""
         from rich.panel import Panel
         from rich.text import Text
 
-        for query, passages in zip(queries, results):
-            self.n_search += 1
+        for args, obs in zip(arguments, observations):
+            self.n_calls += 1
+            shown = args["query"] if name == "search" and isinstance(args.get("query"), str) else json.dumps(args, ensure_ascii=False)
             self.console.print()
-            self.console.print(
-                Panel(Text(visible(query), style="bold yellow"), title=f"search {self.n_search}", border_style="yellow", expand=False)
-            )
+            self.console.print(Panel(Text(visible(shown), style="bold yellow"), title=f"{name} {self.n_calls}",
+                                     border_style="yellow" if obs.ok else "red", expand=False))
             found = Text()
-            for i, p in enumerate(passages, start=1):
+            for i, p in enumerate(obs.passages if name == "search" else [], start=1):
                 found.append(f"  {i}. ", style="bold")
                 found.append(visible(p.title, keep_newlines=False))
                 found.append(f"  [{visible(p.id, keep_newlines=False)}]\n", style="dim")
-            self.console.print(found if passages else Text("  (no documents found)", style="dim"), end="")
+            if name != "search" or not obs.ok:
+                lines = obs.text.splitlines()
+                found.append("".join(f"  {visible(line, keep_newlines=False)}\n" for line in lines[:OBSERVATION_LINES]),
+                             style="dim" if obs.ok else "red")
+                if len(lines) > OBSERVATION_LINES:
+                    found.append(f"  … {len(lines) - OBSERVATION_LINES} more lines\n", style="dim")
+            self.console.print(found if found.plain else Text("  (no documents found)\n", style="dim"), end="")
 
     def finish(self, traj: Trajectory, seconds: float, spent: dict | None = None) -> None:
         from rich.panel import Panel
@@ -251,6 +261,9 @@ class _LiveView:
             body, style = Text(f"no answer (stopped: {traj.stop_reason})", style="red"), "red"
         self.console.print(Panel(body, title="answer", border_style=style, expand=False))
         searches = f"{traj.n_searches} search" + ("" if traj.n_searches == 1 else "es")
+        others = len(traj.tool_calls) - traj.n_searches
+        if others:
+            searches += f" · {others} other call" + ("" if others == 1 else "s")
         web = ""
         if spent is not None:  # web search: what this question cost
             web = f" · web: {spent['requests']} requests, {spent['cache_hits']} from cache, ${spent['cost_usd']:.3f}"

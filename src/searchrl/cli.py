@@ -302,6 +302,16 @@ def index_search(
 WEB_HELP = ("retrieval.web.provider: search the web instead of an index: google, brave, serper, serpapi or searxng "
             "(keys and endpoints from env: GOOGLE_API_KEY + GOOGLE_CSE_ID, BRAVE_API_KEY, SERPER_API_KEY, SERPAPI_API_KEY, SEARXNG_URL).")
 WEB_SITE_HELP = "retrieval.web.site: restrict web results to one site, e.g. en.wikipedia.org (as the paper does)."
+FORMAT_HELP = "protocol.format: tags (default; the paper's <search> tags) or tool-calls (the chat template's native tool calls)."
+TOOLS_HELP = "tools, comma-separated (with --format tool-calls): search, open, calculate or package.module:ClassName. Default search."
+CHAT_TEMPLATE_HELP = "protocol.chat_template (tool calls): hermes-fallback or a .jinja file; default the model's own."
+
+
+def _tool_flags(fmt: str | None, tools: str | None, chat_template: str | None) -> dict:
+    return {"protocol.format": fmt, "tools": [t.strip() for t in tools.split(",") if t.strip()] if tools else None,
+            "protocol.chat_template": chat_template}
+
+
 WEB_PRIVATE_HELP = ("retrieval.web.allow_private=true: also read result pages at loopback, private and link-local "
                     "addresses (an intranet SearXNG's pages); off, a result pointing there gives its snippet only.")
 
@@ -325,6 +335,9 @@ def eval_run(
     tags: str | None = typer.Option(None, "--tags", help="protocol.tags: r1searcher (default) or search-r1 (what tiny models follow)."),
     template: str | None = typer.Option(None, "--template", help="protocol.template: base (default), chat, fewshot, oneshot, fewshot-chat or a file."),
     doc_style: str | None = typer.Option(None, "--doc-style", help="protocol.doc_style: r1searcher (default) or title-lines."),
+    fmt: str | None = typer.Option(None, "--format", help=FORMAT_HELP),
+    tools: str | None = typer.Option(None, "--tools", help=TOOLS_HELP),
+    chat_template: str | None = typer.Option(None, "--chat-template", help=CHAT_TEMPLATE_HELP),
     max_searches: int | None = typer.Option(None, "--max-searches", min=0, help="rollout.max_searches: searches per agent rollout (default 8)."),
     max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", min=1, help="rollout.max_new_tokens: agent policy tokens per question, all turns (default 512)."),
     answer_max_new_tokens: int | None = typer.Option(None, "--answer-max-new-tokens", min=1, help="Rag/direct: tokens for the answer (default 64)."),
@@ -346,7 +359,7 @@ def eval_run(
              "protocol.tags": tags, "protocol.template": template, "protocol.doc_style": doc_style,
              "rollout.max_searches": max_searches, "rollout.max_new_tokens": max_new_tokens,
              "answer_max_new_tokens": answer_max_new_tokens, "rollout.batch_size": batch_size,
-             "dump_tokens": dump_tokens, "out": out}
+             "dump_tokens": dump_tokens, "out": out, **_tool_flags(fmt, tools, chat_template)}
     eval_command(config, overrides or [], flags, as_json, resume, overwrite)
 
 
@@ -408,6 +421,9 @@ def ask(
     web_allow_private: bool = typer.Option(False, "--web-allow-private", help=WEB_PRIVATE_HELP),
     tags: str | None = typer.Option(None, "--tags", help="protocol.tags: r1searcher (default) or search-r1 (use it with fewshot for SmolLM2-135M)."),
     template: str | None = typer.Option(None, "--template", help="protocol.template: base (default), chat, fewshot, oneshot, fewshot-chat or a file."),
+    fmt: str | None = typer.Option(None, "--format", help=FORMAT_HELP),
+    tools: str | None = typer.Option(None, "--tools", help=TOOLS_HELP),
+    chat_template: str | None = typer.Option(None, "--chat-template", help=CHAT_TEMPLATE_HELP),
     k: int | None = typer.Option(None, "-k", "--k", min=1, help="rollout.k: passages per search (default 5)."),
     max_searches: int | None = typer.Option(None, "--max-searches", min=0, help="rollout.max_searches: most searches served (default 8)."),
     max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", min=1, help="rollout.max_new_tokens: policy tokens, all turns together (default 512)."),
@@ -424,7 +440,7 @@ def ask(
              "retrieval.web.allow_private": web_allow_private or None,
              "protocol.tags": tags, "protocol.template": template, "rollout.k": k,
              "rollout.max_searches": max_searches, "rollout.max_new_tokens": max_new_tokens,
-             "rollout.greedy": False if sample else None, "rollout.seed": seed}
+             "rollout.greedy": False if sample else None, "rollout.seed": seed, **_tool_flags(fmt, tools, chat_template)}
     ask_command(question, config, flags, as_json)
 
 

@@ -1,15 +1,25 @@
-"""The protocol a run speaks (SPEC §1-2): tag preset + prompt template + documents style,
-bundled as `Protocol` (what the engine, rewards and evaluation share) and configured by
-`ProtocolConfig`. Tags and parsers live in `searchrl.tags`, prompt templates in `searchrl.prompts`.
+"""The protocol a run speaks: how the model's text maps to tool calls and how results go back
+(README "The protocol", "Tools"). Configured by `ProtocolConfig`; `searchrl.agent.build_protocol`
+builds one of two kinds, which the rollout engine, rewards and evaluation read alike (a prompt,
+stop strings, `read_turn`, `answer`):
+
+- `format: tags` -> `Protocol` (this module): the paper's protocol, a tag preset + prompt
+  template + documents style; the `search` tool spoken in tags (`<search>q</search>`). Tags and
+  their parsers live in `searchrl.tags`, prompt templates in `searchrl.prompts`.
+- `format: tool-calls` -> `searchrl.toolformat.protocol.NativeProtocol`: the model's chat
+  template's own tool calls, any tool of the registry.
+
+Nothing outside these modules (and `searchrl.toolformat`) parses model text.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import field_validator
+from pydantic import Field, field_validator, model_validator
 
 from searchrl.config import StrictModel
 from searchrl.data.trajectory import Segment
@@ -26,22 +36,69 @@ from searchrl.tags import (
     get_tags,
     stop_strings,
 )
+from searchrl.tools.base import ToolCall
+
+if TYPE_CHECKING:
+    from searchrl.toolformat.parse import Turn
+
+# Tool-call prompt templates -> worked example conversations they show (searchrl.toolformat.protocol).
+NATIVE_TEMPLATES = {"tools": 0, "tools-oneshot": 1, "tools-fewshot": 2}
+
+
+@dataclass
+class TurnRead:
+    """What the protocol reads where a generation stopped: `stop`, a stop reason (the rollout
+    ends there), or the calls to run (`calls`; `malformed`, one reason the model reads per bad
+    call) and, for tool calls, the parsed `turn` they came from."""
+
+    stop: str | None = None
+    calls: list[ToolCall] = field(default_factory=list)
+    malformed: list[str] = field(default_factory=list)
+    turn: Turn | None = None
 
 
 class ProtocolConfig(StrictModel):
     """Which protocol a run speaks. Search limits and k belong to the rollout config."""
 
+    format: Literal["tags", "tool-calls"] = "tags"
+    """`tags`: the paper's protocol, search queries between tags (the keys below). `tool-calls`:
+    the chat template's native tool calls, with the run's `tools` (README "Tools")."""
     tags: str = "r1searcher"
     """Tag preset: `r1searcher` (barred tags of the authors' checkpoints) or `search-r1`
     (single-word tags; the ones tiny models learn, SPEC §6)."""
-    template: str = "base"
-    """Prompt template: `base` (completion models), `chat` (instruct models, needs the tokenizer's
-    chat template), `fewshot` / `fewshot-chat` (two worked examples, for very small models),
-    `oneshot` (the first example only: a shorter prompt, faster on CPU), or the
-    path of a template file with `{question}` and `{instruction}` / tag placeholders."""
+    template: str | None = None
+    """Prompt template. Tags (default `base`): `base` (completion models), `chat` (instruct models,
+    needs the tokenizer's chat template), `fewshot` / `fewshot-chat` (two worked examples, for very
+    small models), `oneshot` (the first example only: a shorter prompt, faster on CPU), or the
+    path of a template file with `{question}` and `{instruction}` / tag placeholders. Tool calls
+    (default `tools`): `tools`, `tools-oneshot`, `tools-fewshot` (0, 1, 2 worked conversations)."""
     doc_style: str = "r1searcher"
     """Documents block lines: `r1searcher` = `(1)Title: T Text: X` as in the authors' released
     trajectories; `title-lines` = `(1) Title: T` then the text on the next line."""
+
+    chat_template: str | None = Field(
+        None, description="Tool calls: the chat template, null = the tokenizer's own; a shipped name (hermes-fallback, "
+        "for models whose template has no tool section: SmolLM2) or a .jinja file. Never chosen silently."
+    )
+    call_format: str | None = Field(
+        None, description="Tool calls: how calls are written (hermes, llama3-json); null = detected from the chat template."
+    )
+    template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Tool calls: extra variables of every rendering (e.g. enable_thinking for Qwen3)."
+    )
+
+    @model_validator(mode="after")
+    def _template_of_format(self) -> ProtocolConfig:
+        if self.template is None:
+            self.template = "base" if self.format == "tags" else "tools"
+        native = self.template in NATIVE_TEMPLATES
+        if self.format == "tags" and native:
+            raise ValueError(f"template {self.template!r} is a tool-call prompt; set protocol.format: tool-calls, or pick a tag template")
+        if self.format == "tool-calls" and not native:
+            raise ValueError(f"protocol.format tool-calls takes the templates {', '.join(NATIVE_TEMPLATES)}, not {self.template!r}")
+        if self.format == "tags":
+            resolve_template(self.template)
+        return self
 
     @field_validator("tags")
     @classmethod
@@ -53,12 +110,6 @@ class ProtocolConfig(StrictModel):
     @classmethod
     def _known_style(cls, v: str) -> str:
         DOC_STYLES.get(v)
-        return v
-
-    @field_validator("template")
-    @classmethod
-    def _known_template(cls, v: str) -> str:
-        resolve_template(v)
         return v
 
 
@@ -98,6 +149,30 @@ class Protocol:
 
     def stop_strings(self) -> list[str]:
         return stop_strings(self.tags) + ([self.turn_end] if self.turn_end else [])
+
+    def read_turn(self, text: str, finish_reason: str, stop_string: str | None) -> TurnRead | None:
+        """Where a generation stopped, read: EOS, the answer tag or a new user turn end the
+        rollout; the end-of-query tag is a `search` call with the query written since the last
+        documents block (`text`), or `empty_query`; None for anything else (a budget).
+
+        >>> p = Protocol.named("search-r1")
+        >>> p.read_turn("Look. <search> Quellbridge  river</search>", "stop", "</search>").calls
+        [ToolCall(name='search', arguments={'query': 'Quellbridge river'})]
+        >>> p.read_turn("<answer>Tessaly</answer>", "stop", "</answer>").stop, p.read_turn("x", "length", None)
+        ('answer', None)
+        """
+        if finish_reason == "eos":
+            return TurnRead("eos")
+        if finish_reason != "stop":
+            return None
+        if stop_string == self.tags.answer_close:
+            return TurnRead("answer")
+        if stop_string == self.turn_end:
+            return TurnRead("turn_end")
+        if stop_string == self.tags.query_close:
+            query = self.extract_query(text)
+            return TurnRead(calls=[ToolCall("search", {"query": query})]) if query else TurnRead("empty_query")
+        return None
 
     def format_documents(self, passages: Sequence[Passage]) -> str:
         return format_documents(passages, self.tags, self.doc_style)

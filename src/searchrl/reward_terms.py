@@ -52,7 +52,8 @@ REWARD_TERMS: Registry[RewardTerm] = Registry("reward term")
 
 @REWARD_TERMS.register("retrieve")
 def retrieve(x: RewardInput, *, hit: float = 1.0, miss: float = -1.0, requires_format: bool = False) -> float:
-    """R_retrieve: `hit` when the rollout searched at least once, else `miss`; with
+    """R_retrieve: `hit` when the rollout searched at least once (`traj.n_searches`: searches
+    served, whichever protocol), else `miss`; with
     `requires_format` a search counts only when the format check passes too (the authors' code).
 
     >>> from searchrl.rewards import FormatVerdict
@@ -101,17 +102,18 @@ def answer(x: RewardInput, *, metric: str = "f1", requires_format: bool = False)
 
 @REWARD_TERMS.register("tool_cost")
 def tool_cost(x: RewardInput, *, per_call: float = 0.1, per_tool: dict[str, float] | None = None) -> float:
-    """Minus the cost of the rollout's tool calls: `per_tool[name]` per call of tool `name`,
-    `per_call` for a tool not listed. The only tool today is `search` (`traj.n_searches` calls).
+    """Minus the cost of the rollout's tool calls (`traj.tool_calls`, served or not; malformed
+    ones are the format's business): `per_tool[name]` per call of tool `name`, `per_call` for a
+    tool not listed.
 
     >>> from searchrl.rewards import FormatVerdict
-    >>> three = RewardInput(["x"], Trajectory("q", "?", [], [], [], [], [], n_searches=3), FormatVerdict(True), None)
+    >>> calls = [{"name": n, "arguments": {}, "ok": True, "error": None} for n in ("search", "search", "open", None)]
+    >>> three = RewardInput(["x"], Trajectory("q", "?", [], [], [], [], [], tool_calls=calls), FormatVerdict(True), None)
     >>> tool_cost(three, per_call=0.25), tool_cost(three, per_call=0.25, per_tool={"search": 0.5, "open": 0.0})
-    (-0.75, -1.5)
+    (-0.75, -1.0)
     """
     costs = per_tool or {}
-    calls = {"search": x.traj.n_searches}
-    return -sum(costs.get(name, per_call) * n for name, n in calls.items())
+    return -sum(costs.get(c["name"], per_call) for c in x.traj.tool_calls if c["name"] is not None)
 
 
 def _same_query(query: str) -> str:

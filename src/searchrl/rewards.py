@@ -18,6 +18,15 @@ Format rules (names appear in `FormatVerdict.failed` and in the training metrics
 | `answer_tags` | the answer holds a protocol tag (query, documents, think, answer) |
 | `answer_length` | the answer has more than `max_answer_words` words (the authors' code: 10) |
 
+Tool-call rollouts (`protocol.format: tool-calls`) are checked by the rules that carry over
+(`garbled`, `script`, `answer_length`) and three of their own, read from the trajectory's turns:
+
+| rule | fails when |
+|---|---|
+| `answer` | the rollout did not end with a final message (a turn without calls) holding an answer |
+| `calls` | a call was malformed (bad JSON, cut off), named no tool of the run, or had bad arguments |
+| `forged_documents` | a policy turn holds a tool result's wrapper (`<tool_response>`) |
+
 `require_think=False` drops the `think` rule and the "right after `</think>`" clause: a
 tiny model (SmolLM2-135M) almost never closes `</think>` before answering, and a format reward
 no rollout can earn teaches nothing. Every other rule still holds.
@@ -41,6 +50,8 @@ from searchrl.protocol import Protocol
 from searchrl.registry import Registry
 from searchrl.reward_terms import REWARD_TERMS, RewardInput, term_params
 from searchrl.tags import TagSet, extract_answer
+from searchrl.toolformat.protocol import NativeProtocol
+from searchrl.tools.batch import INVALID
 
 FORMAT_RULES = (
     "think",
@@ -51,6 +62,7 @@ FORMAT_RULES = (
     "forged_documents",
     "answer_tags",
     "answer_length",
+    "calls",
 )
 
 # Han (incl. extensions and compatibility), kana, Hangul, CJK symbols and full-width forms: the
@@ -199,13 +211,20 @@ def check_segments(
 
 def check_format(
     traj: Trajectory,
-    tags: TagSet,
+    protocol: Protocol | NativeProtocol | TagSet,
     *,
-    think_opened_in_prompt: bool = True,
+    think_opened_in_prompt: bool | None = None,
     max_answer_words: int | None = None,
     require_think: bool = True,
 ) -> FormatVerdict:
-    """`check_segments` on a trajectory; the question decides whether CJK text is foreign."""
+    """The format check of a trajectory under its protocol (a `TagSet`: the tag protocol of those
+    tags); the question decides whether CJK text is foreign. `think_opened_in_prompt`: None for
+    the protocol's (a bare `TagSet`: opened)."""
+    if isinstance(protocol, NativeProtocol):
+        return check_turns(traj, protocol, max_answer_words=max_answer_words)
+    tags = protocol if isinstance(protocol, TagSet) else protocol.tags
+    if think_opened_in_prompt is None:
+        think_opened_in_prompt = True if isinstance(protocol, TagSet) else protocol.think_opened_in_prompt
     return check_segments(
         traj.segments,
         tags,
@@ -214,6 +233,26 @@ def check_format(
         max_answer_words=max_answer_words,
         require_think=require_think,
     )
+
+
+def check_turns(traj: Trajectory, protocol: NativeProtocol, *, max_answer_words: int | None = None) -> FormatVerdict:
+    """The format check of a tool-call rollout (the module docstring's rules)."""
+    policy_text = "".join(s.text for s in traj.segments if s.source == "policy")
+    answer = traj.answer if traj.answer is not None else protocol.answer(traj.segments)
+    failed = []
+    if traj.stop_reason != "answer" or not answer:
+        failed.append("answer")
+    if is_garbled(policy_text):
+        failed.append("garbled")
+    if has_cjk(policy_text) and not has_cjk(traj.question):
+        failed.append("script")
+    if any(marker in policy_text for marker in protocol.observation_markers):
+        failed.append("forged_documents")
+    if answer and max_answer_words is not None and len(answer.split()) > max_answer_words:
+        failed.append("answer_length")
+    if any(c["error"] in INVALID for c in traj.tool_calls):
+        failed.append("calls")
+    return FormatVerdict(ok=not failed, failed=failed)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -351,11 +390,12 @@ def compute_reward(
     traj: Trajectory,
     golds: Sequence[str],
     cfg: RewardConfig,
-    tags: TagSet,
+    protocol: Protocol | NativeProtocol | TagSet,
     *,
-    think_opened_in_prompt: bool = True,
+    think_opened_in_prompt: bool | None = None,
 ) -> RewardBreakdown:
     """The reward of one trajectory under `cfg`: the sum of its stage's weighted terms.
+    `protocol`: the run's (a `TagSet`: the tag protocol of those tags).
 
     The answer is `traj.answer` as the engine recorded it, else the protocol's reading of the
     policy's text (`Protocol.answer`).
@@ -364,7 +404,8 @@ def compute_reward(
     >>> t = Trajectory("q1", "Which river?", [], [], [], [],
     ...     [Segment("<|begin_of_query|>river<|end_of_query|>", "policy"),
     ...      Segment("\\n\\n<|begin_of_documents|>\\n(1)Title: T Text: x\\n<|end_of_documents|>\\n\\n", "env"),
-    ...      Segment("</think><answer>the Tessaly river</answer>", "policy")], n_searches=1)
+    ...      Segment("</think><answer>the Tessaly river</answer>", "policy")], n_searches=1,
+    ...     tool_calls=[{"name": "search", "arguments": {"query": "river"}, "ok": True, "error": None}])
     >>> compute_reward(t, ["Tessaly"], RewardConfig(stage=2), R1SEARCHER_TAGS).total  # F1: P=1/2, R=1
     0.6666666666666666
     >>> compute_reward(t, ["Tessaly"], RewardConfig(stage=1), R1SEARCHER_TAGS).terms
@@ -376,12 +417,14 @@ def compute_reward(
     """
     verdict = check_format(
         traj,
-        tags,
+        protocol,
         think_opened_in_prompt=think_opened_in_prompt,
         max_answer_words=cfg.max_answer_words,
         require_think=cfg.require_think,
     )
-    prediction = traj.answer if traj.answer is not None else Protocol(tags).answer(traj.segments)
+    if isinstance(protocol, TagSet):
+        protocol = Protocol(protocol)
+    prediction = traj.answer if traj.answer is not None else protocol.answer(traj.segments)
     x = RewardInput(golds, traj, verdict, prediction)
     parts = {name: weight * float(REWARD_TERMS.get(name)(x, **params)) for name, weight, params in cfg.stage_terms()}
     return RewardBreakdown(

@@ -155,10 +155,10 @@ def test_no_room_for_even_the_tags_stops_without_searching(tiny, monkeypatch):
 def test_the_cut_and_full_stops_are_counted_in_eval_summaries_and_training_metrics(tiny, monkeypatch):
     traj, _, _ = agent_run(tiny, monkeypatch, 160, k=12, max_searches=2, max_new_tokens=200)
     cfg = EvalConfig(retrieval=RetrievalConfig(index="idx"))
-    metrics = summarize(cfg, records(cfg, [QUESTION], [traj]), {"seconds": 0.0})
+    metrics = summarize(cfg, records(cfg, [QUESTION], [traj], Protocol.from_config(cfg.protocol)), {"seconds": 0.0})
     assert (metrics["truncated_documents"], metrics["stop_reasons"]) == (1, {"context_full": 1})
     assert "| documents blocks cut / rollouts stopped, context full | 1 / 1 |" in metrics_markdown(metrics)
-    clean = summarize(cfg, [{**r, "truncated_documents": 0, "stop_reason": "answer"} for r in records(cfg, [QUESTION], [traj])],
+    clean = summarize(cfg, [{**r, "truncated_documents": 0, "stop_reason": "answer"} for r in records(cfg, [QUESTION], [traj], Protocol.from_config(cfg.protocol))],
                       {"seconds": 0.0})
     assert "context full" not in metrics_markdown(clean)  # the row shows only when the context bounded the run
 

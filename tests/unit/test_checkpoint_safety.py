@@ -35,7 +35,7 @@ def _cfg(world: Path, out: Path, *extra: str) -> TrainConfig:
 
 
 def _learning(run: Path) -> list[dict]:
-    return [{k: v for k, v in r.items() if k not in step.TIMING_KEYS} for r in read_metrics(run)]
+    return [{k: v for k, v in r.items() if not step.is_timing(k)} for r in read_metrics(run)]
 
 
 def _assert_same_metrics(a: list[dict], b: list[dict]) -> None:

@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from searchrl.rl.step import TIMING_KEYS
+from searchrl.rl.step import is_timing
 from searchrl.runlog import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,7 +70,7 @@ def two_processes(world, tmp_path_factory) -> Path:
 
 
 def _learning(records: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in records]
+    return [{k: v for k, v in r.items() if not is_timing(k)} for r in records]
 
 
 def _close(a, b) -> bool:

@@ -35,7 +35,9 @@ SEARCH = [P(f" I need the river. {QO}Quellbridge river{QC}"), Segment(f"\n\n{DO}
 def traj(segments, queries=None) -> Trajectory:
     n = sum(s.source == "env" for s in segments)
     queries = ["Quellbridge river"] * n if queries is None else queries
-    return Trajectory("q", "Which river flows through Quellbridge?", [], [], [], [], list(segments), queries=queries, n_searches=n)
+    calls = [{"name": "search", "arguments": {"query": q}, "ok": True, "error": None} for q in queries]
+    return Trajectory("q", "Which river flows through Quellbridge?", [], [], [], [], list(segments), queries=queries,
+                      n_searches=n, tool_calls=calls)
 
 
 # Answers against the gold "Tessaly": F1 / EM / cover-EM (token) / cover-EM (substring).

@@ -8,7 +8,9 @@ from typing import Literal
 Source = Literal["policy", "env"]
 
 # Why a rollout stopped.
-# context_full: the model's context has no room left (to generate, or for a documents block's tags).
+# answer: the answer tag closed (tags), or a turn without calls (tool calls: the final message);
+# max_searches: every call of a turn was over its tool's budget (tags: the search budget), unserved;
+# context_full: the model's context has no room left (to generate, or for an observation).
 STOP_REASONS = ("answer", "eos", "turn_end", "length", "max_searches", "empty_query", "context_full")
 
 
@@ -37,11 +39,19 @@ class Trajectory:
     answer: str | None = None
     stop_reason: str = "eos"
     truncated_documents: int = 0  # documents blocks cut to fit the model's context (rollout.engine)
+    # Every call the policy made, in order: {"name", "arguments", "ok", "error"}; a malformed one
+    # has name / arguments None and error "malformed" (rollout.engine). Their wall time is in
+    # `timing` as "tools/<name>_s".
+    tool_calls: list[dict] = field(default_factory=list)
     timing: dict[str, float] = field(default_factory=dict)
 
     @property
     def response_text(self) -> str:
         return "".join(s.text for s in self.segments)
+
+    def calls_of(self, name: str) -> int:
+        """How many calls of tool `name` the policy made (served or not)."""
+        return sum(c["name"] == name for c in self.tool_calls)
 
     def to_dict(self, tokens: bool = True) -> dict:
         d = asdict(self)
@@ -51,7 +61,7 @@ class Trajectory:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Trajectory":
+    def from_dict(cls, d: dict) -> Trajectory:
         d = dict(d)
         d["segments"] = [Segment(**s) for s in d.get("segments", [])]
         for key in ("prompt_ids", "token_ids", "loss_mask", "logprobs"):

@@ -58,6 +58,8 @@ from searchrl.eval.summary import metrics_markdown, summarize
 from searchrl.protocol import Protocol
 from searchrl.retrieval.base import Retriever
 from searchrl.runlock import RunLock
+from searchrl.tags import get_tags
+from searchrl.toolformat.protocol import NativeProtocol
 
 # ----------------------------------------------------------------------------------------------
 # Retrievers
@@ -88,9 +90,7 @@ def format_verdict(traj: Trajectory, method: str, protocol: Protocol, require_th
     from searchrl.rewards import check_format, check_segments
 
     if method == "agent":
-        return check_format(
-            traj, protocol.tags, think_opened_in_prompt=protocol.think_opened_in_prompt, require_think=require_think
-        )
+        return check_format(traj, protocol, require_think=require_think)
     tags = protocol.tags
     response = closed_response("".join(s.text for s in traj.segments), traj.stop_reason, tags)  # all policy text
     segments = [Segment(tags.think_close + tags.answer_open + response, "policy")]
@@ -105,7 +105,7 @@ def generate(cfg: EvalConfig, questions: Sequence[Question], agent: Agent) -> li
     """One trajectory per question with `cfg.method`."""
     if cfg.method == "agent":
         return agent.engine.run(questions)
-    protocol = agent.protocol
+    protocol = scoring_protocol(cfg, agent)
     rollout = cfg.rollout.model_copy(update={"max_searches": 0, "max_new_tokens": cfg.answer_max_new_tokens})
     found: list[list[Passage]] | None = None
     if cfg.method == "rag":
@@ -126,11 +126,19 @@ def generate(cfg: EvalConfig, questions: Sequence[Question], agent: Agent) -> li
     return trajs
 
 
-def records(cfg: EvalConfig, questions: Sequence[Question], trajs: Sequence[Trajectory]) -> list[dict]:
+def scoring_protocol(cfg: EvalConfig, agent: Agent) -> Protocol | NativeProtocol:
+    """The protocol answers are read and checked by: the agent's; for rag/direct under a
+    tool-call config, its tags in chat form (the answer prompts are tag prompts)."""
+    if cfg.method == "agent" or isinstance(agent.protocol, Protocol):
+        return agent.protocol
+    return Protocol(get_tags(cfg.protocol.tags), "chat", cfg.protocol.doc_style)
+
+
+def records(cfg: EvalConfig, questions: Sequence[Question], trajs: Sequence[Trajectory],
+            protocol: Protocol | NativeProtocol) -> list[dict]:
     """One predictions.jsonl record per trajectory: the trajectory plus gold, prediction, scores."""
     from searchrl.metrics import answer_scores
 
-    protocol = Protocol.from_config(cfg.protocol)
     out = []
     for q, t in zip(questions, trajs):
         prediction = predict(t, cfg.method, protocol)
@@ -227,7 +235,7 @@ def _answer_the_rest(cfg: EvalConfig, questions: Sequence[Question], recs: list[
             started = time.perf_counter()
             trajs = generate(cfg, batch, agent)
             tally.seconds += time.perf_counter() - started
-            new = records(cfg, batch, trajs)[len(recs) - start :]
+            new = records(cfg, batch, trajs, scoring_protocol(cfg, agent))[len(recs) - start :]
             if judge is not None:
                 judge_records(judge, new)
             saved.append_records(out, new)

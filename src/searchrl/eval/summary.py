@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from searchrl.eval.spending import cache_hit_rate, spending_rows
+from searchrl.tools.metrics import tool_metrics
 
 if TYPE_CHECKING:
     from searchrl.eval.config import EvalConfig
@@ -53,6 +54,8 @@ def summarize(cfg: EvalConfig, recs: Sequence[dict], spent: dict) -> dict:
         "stop_reasons": dict(Counter(r["stop_reason"] for r in recs)),
         # documents blocks cut to fit the model's context (records of older runs have no such field)
         "truncated_documents": sum(r.get("truncated_documents", 0) for r in recs),
+        **tool_metrics([r.get("tool_calls", []) for r in recs], [r.get("timing", {}) for r in recs],
+                       cfg.tools if cfg.method == "agent" else []),
         **spent,
         "seconds": round(spent["seconds"], 3),  # as retrieval_s: rounding alike keeps search time <= it
         **({"retrieval_cache_hit_rate": cache_hit_rate(spent)} if "retrieval_queries" in spent else {}),
@@ -61,6 +64,8 @@ def summarize(cfg: EvalConfig, recs: Sequence[dict], spent: dict) -> dict:
         "dataset": cfg.dataset,
         "retriever": None if cfg.method == "direct" else cfg.retrieval.source,
         "k": cfg.rollout.k,
+        "format": cfg.protocol.format,
+        "tools": list(cfg.tools) if cfg.method == "agent" else [],
         "tags": cfg.protocol.tags,
         "template": cfg.protocol.template,
     }

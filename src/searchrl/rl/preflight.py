@@ -9,7 +9,9 @@ from pathlib import Path
 
 from searchrl.data.types import Question
 from searchrl.errors import SearchRLError
+from searchrl.agent import build_protocol
 from searchrl.protocol import Protocol
+from searchrl.toolformat.protocol import NativeProtocol
 from searchrl.retrieval.base import Retriever
 from searchrl.rl.config import TrainConfig
 from searchrl.rl.sft import gold_examples
@@ -22,7 +24,7 @@ class Prepared:
 
     questions: dict[int, list]  # stage -> its training items: questions (kind rl), their gold paths (kind sft)
     retriever: Retriever
-    protocol: Protocol
+    protocol: Protocol | NativeProtocol
 
 
 def stage_questions(stage_cfg, key: str) -> list[Question]:
@@ -55,10 +57,12 @@ def preflight(cfg: TrainConfig, stages: list[int], model: str) -> Prepared:
     from searchrl.assets import load_tokenizer
 
     questions = {s: stage_questions(cfg.stage(s), f"stage{s}") for s in stages}
-    protocol, tokenizer = Protocol.from_config(cfg.protocol), load_tokenizer(model)
+    tokenizer = load_tokenizer(model)
+    protocol = build_protocol(cfg, tokenizer)  # tool calls: the chat template's self-test runs here
     for s in stages:
         try:
-            protocol.prompt(questions[s][0].question, tokenizer)
+            if isinstance(protocol, Protocol):
+                protocol.prompt(questions[s][0].question, tokenizer)
         except SearchRLError as exc:
             raise SearchRLError(f"protocol.template={cfg.protocol.template} (stage {s}): {exc}") from None
     r = cfg.retrieval

@@ -20,6 +20,7 @@ the same weights (`prepare` then leaves them to the update).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, astuple, dataclass
 
 import numpy as np
@@ -37,11 +38,17 @@ from searchrl.rl.config import StageConfig
 from searchrl.rl.health import echoes, flat_share
 from searchrl.rl.losses import kl_penalty, masked_sum
 from searchrl.rl.rollout_worker import RolloutWorker
+from searchrl.tools.metrics import tool_metrics
 
 # Keys of a step record that measure time or caching, not learning (they differ between identical
 # runs: a resumed run starts with an empty query cache, and each rank has its own).
 TIMING_KEYS = ("step_seconds", "rollout_seconds", "logprob_seconds", "update_seconds", "tokens_per_s", "health_step_time",
                "retrieval_s", "retrieval_cache_hit_rate")
+
+
+def is_timing(key: str) -> bool:
+    """Whether a step record's `key` measures time or caching (`TIMING_KEYS`, tool latencies)."""
+    return key in TIMING_KEYS or (key.startswith("tools/") and key.endswith("/latency_s"))
 
 
 @dataclass(frozen=True)
@@ -106,7 +113,8 @@ def train_step(actor: Actor, worker: RolloutWorker, stage_cfg: StageConfig, ques
     timing = Timing(*np.max([astuple(p[2]) for p in parts], axis=0).tolist())  # the slowest rank's
     has_ref = batch.ref_logp is not None
     searched = retrieval_record([p[3] for p in parts])
-    return {**record(at, everyone, sums, stats, have_old, has_ref, timing), **searched, **worker.spent()}, samples(at, everyone)
+    line = record(at, everyone, sums, stats, have_old, has_ref, timing, tools=list(worker.engine.tools))
+    return {**line, **searched, **worker.spent()}, samples(at, everyone)
 
 
 def retrieval_record(per_rank: list[RetrievalCounts]) -> dict:
@@ -128,7 +136,7 @@ def score(trajectories: list[Trajectory], questions: list[Question], stage_cfg: 
     n, protocol = stage_cfg.samples_per_prompt, worker.protocol
     per_rollout = [q for q in questions for _ in range(n)]
     rewards = [
-        compute_reward(t, q.answers, stage_cfg.reward, protocol.tags, think_opened_in_prompt=protocol.think_opened_in_prompt)
+        compute_reward(t, q.answers, stage_cfg.reward, protocol)
         for t, q in zip(trajectories, per_rollout)
     ]
     return Scored(per_rollout, trajectories, rewards, [i // n for i in range(len(trajectories))])
@@ -172,9 +180,10 @@ def token_sums(batch: RolloutBatch) -> torch.Tensor:  # -> [B, len(_SUMS)] float
 
 
 def record(at: StepIndex, scored: Scored, sums: torch.Tensor, stats: UpdateStats, have_old: bool, has_ref: bool,
-           timing: Timing) -> dict:
+           timing: Timing, tools: Sequence[str] = ("search",)) -> dict:
     """The step's line of metrics.jsonl from every rollout of the step (`sums`: their
-    `token_sums`); `have_old`: the old log-probs were computed; `has_ref`: a reference ran."""
+    `token_sums`); `have_old`: the old log-probs were computed; `has_ref`: a reference ran;
+    `tools`: the run's (each gets its `tools/<name>/...` metrics)."""
     trajs, rewards = scored.trajectories, scored.rewards
     f1 = ANSWER_METRICS.get("f1")
     col = dict(zip(_SUMS, sums.unbind(dim=1)))
@@ -209,6 +218,7 @@ def record(at: StepIndex, scored: Scored, sums: torch.Tensor, stats: UpdateStats
         "rollouts": len(trajs),
         "tokens_per_s": tokens / max(timing.rollout_seconds, 1e-9),
         **asdict(timing),
+        **tool_metrics([t.tool_calls for t in trajs], [t.timing for t in trajs], tools),
     }
     for name in dict.fromkeys(n for r in rewards for n in r.terms):  # the stage's terms, weighted
         out[f"reward/{name}"] = _mean(r.terms[name] for r in rewards)

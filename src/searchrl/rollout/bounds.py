@@ -26,6 +26,8 @@ from searchrl.protocol import Protocol
 from searchrl.rollout.backend import context_window
 from searchrl.rollout.config import RolloutConfig
 from searchrl.rollout.engine import document_block_ends
+from searchrl.tags import format_passages
+from searchrl.toolformat.protocol import NativeProtocol
 
 SAMPLE = 64  # questions and passages the estimates read: enough for a typical length, fast
 
@@ -43,23 +45,30 @@ def _encode(tokenizer, text: str, prompt: bool = False) -> list[int]:
     return tokenizer(text, add_special_tokens=prompt, verbose=False)["input_ids"]
 
 
-def longest_prompt(questions: Sequence[Question], protocol: Protocol, tokenizer) -> int:
+def longest_prompt(questions: Sequence[Question], protocol: Protocol | NativeProtocol, tokenizer) -> int:
     """Tokens of the longest prompt among up to `SAMPLE` questions spread over `questions`."""
-    return max((len(_encode(tokenizer, protocol.prompt(questions[i].question, tokenizer), prompt=True))
-                for i in spread(len(questions))), default=0)
+    def length(question: str) -> int:
+        if isinstance(protocol, NativeProtocol):
+            return len(protocol.prompt_ids(question))
+        return len(_encode(tokenizer, protocol.prompt(question, tokenizer), prompt=True))
+
+    return max((length(questions[i].question) for i in spread(len(questions))), default=0)
 
 
-def passage_tokens(passages, protocol: Protocol, tokenizer) -> tuple[int, float]:
+def passage_tokens(passages, protocol: Protocol | NativeProtocol, tokenizer) -> tuple[int, float]:
     """(tokens of a documents block's tags, typical tokens per passage line) for a local index's
-    `passages` (module docstring); a block of k passages is estimated as tags + k x typical."""
-    tags = sum(len(_encode(tokenizer, part)) for part in document_block_ends(protocol.tags))
+    `passages` (module docstring); a block of k passages is estimated as tags + k x typical.
+    Tool calls: a search result's block, its wrapper counted as the tags."""
     sample = passages.get(spread(len(passages)))
+    if isinstance(protocol, NativeProtocol):
+        return protocol.observation_overhead, len(_encode(tokenizer, format_passages(sample))) / len(sample)
+    tags = sum(len(_encode(tokenizer, part)) for part in document_block_ends(protocol.tags))
     return tags, (len(_encode(tokenizer, protocol.format_documents(sample))) - tags) / len(sample)
 
 
 def check_rollout_fits(
     rollout: RolloutConfig,
-    protocol: Protocol,
+    protocol: Protocol | NativeProtocol,
     tokenizer,
     context: int | None,
     questions: Sequence[Question],

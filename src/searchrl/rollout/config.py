@@ -11,7 +11,6 @@ from pydantic import BeforeValidator, Field
 from searchrl.config import StrictModel
 from searchrl.rollout.backend import SamplingParams
 
-
 # Sanity caps: every searched passage and search lands in the model's context, so a k of 10^9
 # (the whole corpus) or thousands of searches can only exhaust memory. MAX_K is the retrieval
 # server's default limit too (`serve --max-k`).
@@ -42,6 +41,10 @@ class RolloutConfig(StrictModel):
     max_searches: int = Field(
         8, ge=0, le=MAX_SEARCHES, description=f"Searches served per rollout (at most {MAX_SEARCHES}); the next query ends it (max_searches)."
     )
+    tool_budgets: dict[str, Annotated[int, Field(ge=0, le=MAX_SEARCHES)]] = Field(
+        default_factory=dict, description="Tool calls: calls served per rollout by tool name (open: 2); a tool not "
+        "listed gets max_searches. A call over its budget gets an error result; a turn of such calls only ends the rollout."
+    )
     k: int = Field(
         3, ge=1, le=MAX_K, description=f"Passages retrieved per query (paper: 3 in training, 5 in evaluation; at most {MAX_K}, "
         "and at most the local index's passages)."
@@ -64,6 +67,10 @@ class RolloutConfig(StrictModel):
         "generating meanwhile (backends with continuous batching: vllm). 1.0 = every round waits for its last "
         "sequence; lower keeps the batch fuller, at the price of more (smaller) retrieval calls.",
     )
+
+    def tool_budget(self, name: str) -> int:
+        """Calls of tool `name` served per rollout: `max_searches` for search, else `tool_budgets`."""
+        return self.max_searches if name == "search" else self.tool_budgets.get(name, self.max_searches)
 
     def sampling_params(self) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_p, self.greedy, self.seed)

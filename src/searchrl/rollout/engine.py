@@ -45,11 +45,17 @@ from dataclasses import dataclass, field
 from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.data.types import Passage, Question
 from searchrl.errors import SearchRLError
-from searchrl.protocol import Protocol
+from searchrl.protocol import Protocol, TurnRead
 from searchrl.retrieval.base import Retriever
 from searchrl.rollout.backend import GenerationBackend
 from searchrl.rollout.config import RolloutConfig
 from searchrl.tags import TagSet
+from searchrl.toolformat.chat import Message
+from searchrl.toolformat.protocol import NativeProtocol
+from searchrl.tools.base import Observation, Tool, ToolCall
+from searchrl.tools.batch import refused, run_calls
+from searchrl.tools.registry import ToolContext
+from searchrl.tools.search import Search
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +84,28 @@ class _Rollout:
     queries: list[str] = field(default_factory=list)
     retrieved_ids: list[list[str]] = field(default_factory=list)
     stop_reason: str | None = None
-    truncated_documents: int = 0  # documents blocks cut to fit the context
+    truncated_documents: int = 0  # observation blocks cut to fit the context
+    tool_calls: list[dict] = field(default_factory=list)
+    tool_s: dict[str, float] = field(default_factory=dict)  # wall time of calls, per tool
+    used: dict[str, int] = field(default_factory=dict)  # calls admitted per tool (budgets)
+    messages: list = field(default_factory=list)  # tool calls: the conversation so far
     gen_s: float = 0.0
     ret_s: float = 0.0
+
+    def record(self, results: Sequence[tuple[ToolCall | None, Observation]]) -> None:
+        """A round's calls and what they returned; a served search adds its query and passages."""
+        for call, obs in results:
+            self.tool_calls.append({
+                "name": call.name if call else None,
+                "arguments": call.arguments if call else None,
+                "ok": obs.ok,
+                "error": obs.error,
+            })
+            if call is not None:
+                self.tool_s[call.name] = self.tool_s.get(call.name, 0.0) + obs.latency_s
+            if call is not None and call.name == "search" and obs.ok:
+                self.queries.append(call.arguments["query"])
+                self.retrieved_ids.append([p.id for p in obs.passages])
 
     def add(self, source: str, ids: Sequence[int], logprobs: Sequence[float] | None = None) -> None:
         if not ids:
@@ -112,14 +137,18 @@ class RolloutEngine:
         self,
         backend: GenerationBackend,
         retriever: Retriever,
-        protocol: Protocol,
+        protocol: Protocol | NativeProtocol,
         cfg: RolloutConfig | None = None,
+        tools: dict[str, Tool] | None = None,
     ) -> None:
         self.backend = backend
         self.retriever = retriever
         self.protocol = protocol
-        self.tags = protocol.tags
+        self.native = isinstance(protocol, NativeProtocol)
+        self.tags = getattr(protocol, "tags", None)
         self.cfg = cfg or RolloutConfig()
+        # The tag protocols speak the search tool only; tool calls may call any of the run's.
+        self.tools = tools if tools is not None else {"search": Search(ToolContext(retriever, self.cfg.k))}
         self._warned_roundtrip = False
         self._warned_cut = False
         self._tags_len: int | None = None
@@ -151,6 +180,12 @@ class RolloutEngine:
     def prompt_ids(self, questions: Sequence[Question], prompts: Sequence[str] | None = None) -> list[list[int]]:
         """The token ids each question's rollouts start from: `prompts` (default: the protocol's
         template) encoded as a sequence start, each checked to leave room in the context."""
+        if self.native:
+            if prompts is not None:
+                raise ValueError("tool-call rollouts start from the protocol's conversation; prompts cannot be given")
+            prompt_ids = [self.protocol.prompt_ids(q.question) for q in questions]
+            self._check_prompt_lengths(questions, prompt_ids)
+            return prompt_ids
         if prompts is None:
             prompts = [self.protocol.prompt(q.question, self.backend.tokenizer) for q in questions]
         if len(prompts) != len(questions):
@@ -208,9 +243,12 @@ class RolloutEngine:
 
     # ---------------------------------------------------------------------------------------------
     def _run_batch(self, items, bar) -> list[Trajectory]:
-        cfg, be, tags = self.cfg, self.backend, self.tags
+        cfg, be = self.cfg, self.backend
         limit = be.max_context
         rollouts = [_Rollout(q, list(ids), cfg.max_new_tokens, math.inf if limit is None else limit) for q, ids in items]
+        if self.native:
+            for r in rollouts:
+                r.messages = self.protocol.messages(r.question.question)
         handles = be.start([r.prompt_ids for r in rollouts], cfg.sampling_params())
         stops = self.protocol.stop_strings()
         active = list(range(len(rollouts)))
@@ -222,7 +260,7 @@ class RolloutEngine:
                 budgets = [int(min(turn, rollouts[i].left, rollouts[i].room())) for i in active]
                 outs = be.generate([handles[i] for i in active], budgets, stops, cfg.round_quorum)
                 gen_s = time.perf_counter() - t0
-                searching: list[tuple[int, str]] = []
+                calling: list[tuple[int, TurnRead, list]] = []
                 for i, o in zip(active, outs):
                     r = rollouts[i]
                     r.gen_s += gen_s
@@ -230,31 +268,20 @@ class RolloutEngine:
                         continue  # still generating; its continuation comes back in a later round
                     r.add("policy", o.token_ids, o.logprobs)
                     r.left -= len(o.token_ids)
-                    if o.finish_reason == "eos":
-                        r.stop_reason = "eos"
-                    elif o.finish_reason == "stop" and o.stop_string == tags.answer_close:
-                        r.stop_reason = "answer"
-                    elif o.finish_reason == "stop" and o.stop_string == self.protocol.turn_end:
-                        r.stop_reason = "turn_end"
-                    elif o.finish_reason == "stop" and o.stop_string == tags.query_close:
-                        query = self.protocol.extract_query(be.decode(r.current_policy_ids()))
-                        if not query:
-                            r.stop_reason = "empty_query"
-                        elif len(r.queries) >= cfg.max_searches:
-                            r.stop_reason = "max_searches"
-                        elif r.left <= 0:  # documents it could never read
-                            r.stop_reason = "length"
-                        elif r.documents_room() < self._tags_length():  # not even an empty block fits
-                            r.stop_reason = "context_full"
-                        else:
-                            searching.append((i, query))
+                    read = self._read(r, o)
+                    if read is not None and read.stop is None:
+                        attempts = self._admit(r, read)
+                        if attempts is not None:
+                            calling.append((i, read, attempts))
+                    elif read is not None:
+                        r.stop_reason = read.stop
                     elif r.room() <= 0:
                         r.stop_reason = "context_full"
                     elif r.left <= 0 or not o.token_ids:  # budget spent, or the backend's context is full
                         r.stop_reason = "length"
                     # else: the turn's budget ran out mid-thought; it simply goes on next round
-                if searching:
-                    self._serve(searching, rollouts, handles)
+                if calling:
+                    self._serve(calling, rollouts, handles)
                 finished = [i for i in active if rollouts[i].stop_reason is not None]
                 be.release([handles[i] for i in finished])
                 if bar is not None:
@@ -264,19 +291,86 @@ class RolloutEngine:
             be.release(handles)
         return [self._trajectory(r) for r in rollouts]
 
-    def _serve(self, searching: list[tuple[int, str]], rollouts: list[_Rollout], handles: list[int]) -> None:
-        """One batched retrieval call for every paused sequence, then the documents as tokens."""
-        queries = [q for _, q in searching]
+    def _read(self, r: _Rollout, o) -> TurnRead | None:
+        """The protocol's reading of where this generation stopped (the turn since the last
+        observation), or None when it stopped for a budget."""
+        if self.native:
+            return self.protocol.read_turn(r.current_policy_ids(), o.finish_reason, o.stop_string)
+        return self.protocol.read_turn(self.backend.decode(r.current_policy_ids()), o.finish_reason, o.stop_string)
+
+    def _admit(self, r: _Rollout, read: TurnRead) -> list | None:
+        """The turn's attempts, each (call or None, what runs: the call or a refusal), within the
+        budgets; None when the rollout stops here instead (`r.stop_reason` set): every call over
+        its tool's budget (`max_searches`), no policy budget left to read the results (`length`),
+        or not even the tags of a documents block fit (`context_full`)."""
+        attempts: list[tuple[ToolCall | None, ToolCall | Observation]] = []
+        for call in read.calls:
+            budget = self.cfg.tool_budget(call.name)
+            if r.used.get(call.name, 0) >= budget:
+                what = f"a search (at most {budget})" if call.name == "search" else f"a {call.name} call (at most {budget})"
+                attempts.append((call, refused(f"no budget left for {what}; answer with what you have", "budget")))
+            else:
+                r.used[call.name] = r.used.get(call.name, 0) + 1
+                attempts.append((call, call))
+        attempts += [(None, refused(reason, "malformed")) for reason in read.malformed]
+        if all(isinstance(a[1], Observation) and a[1].error == "budget" for a in attempts):
+            r.stop_reason = "max_searches"
+        elif r.left <= 0:  # observations it could never read
+            r.stop_reason = "length"
+        elif not self.native and r.documents_room() < self._tags_length():  # not even an empty block fits
+            r.stop_reason = "context_full"
+        return None if r.stop_reason else attempts
+
+    def _serve(self, calling: list[tuple[int, TurnRead, list]], rollouts: list[_Rollout], handles: list[int]) -> None:
+        """Every call of the round, run batched per tool (one retrieval call for all searches),
+        then each rollout's observations appended as tokens (loss mask 0)."""
+        flat = [run for _, _, attempts in calling for _, run in attempts]
         t0 = time.perf_counter()
-        results = self.retriever.search(queries, self.cfg.k)
-        ret_s = time.perf_counter() - t0
-        if len(results) != len(queries):
-            raise RuntimeError(f"retriever returned {len(results)} result lists for {len(queries)} queries")
-        inserted = []
-        for (i, query), passages in zip(searching, results):
-            rollouts[i].ret_s += ret_s
-            inserted.append(self._insert(rollouts[i], query, passages, rollouts[i].documents_room()))
-        self.backend.append([handles[i] for i, _ in searching], inserted)
+        observations = iter(run_calls(self.tools, flat))
+        tool_s = time.perf_counter() - t0
+        served, inserted = [], []
+        for i, read, attempts in calling:
+            r = rollouts[i]
+            r.ret_s += tool_s
+            results = [(call, next(observations)) for call, _ in attempts]
+            r.record(results)
+            ids = self._observe(r, read, results) if self.native else self._insert_search(r, *results[0])
+            if ids is None:
+                r.stop_reason = "context_full"
+                continue
+            served.append(handles[i])
+            inserted.append(ids)
+        self.backend.append(served, inserted)
+
+    def _insert_search(self, r: _Rollout, call: ToolCall, obs: Observation) -> list[int]:
+        """The tag protocols' observation: the documents block of the search's passages."""
+        return self._insert(r, obs.passages, r.documents_room())
+
+    def _observe(self, r: _Rollout, read: TurnRead, results: list[tuple[ToolCall | None, Observation]]) -> list[int] | None:
+        """The tool-call protocol's observation: the template's tool-result messages after the
+        sampled turn, as ids. Results that do not fit the room left are shortened alike (their
+        texts cut to one length, marked, the block counted in `truncated_documents`); None when
+        not even empty results fit."""
+        chat, sampled, room = self.protocol.chat, r.current_policy_ids(), r.documents_room()
+
+        def render(texts: list[str]) -> tuple[list[Message], list[int]]:
+            messages = [chat.tool_message(call.name if call else "error", t) for (call, _), t in zip(results, texts)]
+            return messages, chat.observation_ids(r.messages, sampled, messages)
+
+        texts = [obs.text for _, obs in results]
+        messages, ids = render(texts)
+        if len(ids) > room:
+            r.truncated_documents += 1
+            most = max(map(len, texts))
+            while len(ids) > room:
+                if most == 0:
+                    return None
+                most = max(0, min(most - 1, int(most * room / len(ids))))
+                messages, ids = render([t if len(t) <= most else t[:most] + " [cut]" for t in texts])
+        r.add("env", ids)
+        r.env_texts.append(self.backend.decode(ids))
+        r.messages += [chat.assistant_message(read.turn), *messages]
+        return ids
 
     def _tags_length(self) -> int:
         """Tokens of the smallest documents block a cut can leave: its opening and closing parts."""
@@ -284,15 +378,13 @@ class RolloutEngine:
             self._tags_len = sum(len(self.backend.encode(part)) for part in document_block_ends(self.tags))
         return self._tags_len
 
-    def _insert(self, r: _Rollout, query: str, passages: Sequence[Passage], room: float = math.inf) -> list[int]:
-        """Append the documents block answering `query` to `r` (loss mask 0), cut to `room`
-        tokens; returns its ids. `room` holds at least the block's tags (checked before the search)."""
+    def _insert(self, r: _Rollout, passages: Sequence[Passage], room: float = math.inf) -> list[int]:
+        """Append the documents block of `passages` to `r` (loss mask 0), cut to `room` tokens;
+        returns its ids. `room` holds at least the block's tags (checked before the search)."""
         ids, seen, cut = self.fitted_documents(passages, room)
         r.truncated_documents += cut
         r.add("env", ids)
         r.env_texts.append(seen)
-        r.queries.append(query)
-        r.retrieved_ids.append([p.id for p in passages])
         return ids
 
     def written(self, question: Question, prompt_ids: Sequence[int], texts: Sequence[str],
@@ -307,7 +399,9 @@ class RolloutEngine:
         for i, text in enumerate(texts):
             r.add("policy", self.backend.encode(text))
             if i < len(searches):
-                self._insert(r, *searches[i])
+                query, passages = searches[i]
+                r.record([(ToolCall("search", {"query": query}), Observation("", passages=list(passages)))])
+                self._insert(r, passages)
         return self._trajectory(r)
 
     def _trajectory(self, r: _Rollout) -> Trajectory:
@@ -318,8 +412,12 @@ class RolloutEngine:
             if source == "env":
                 segments.append(Segment(next(env_texts), "env"))
                 continue
-            # The EOS token stays in token_ids (it was sampled) but is no text of the response.
-            text_ids = ids[:-1] if ids and ids[-1] in eos and r.stop_reason == "eos" and ids is r.runs[-1][1] else ids
+            # The EOS token stays in token_ids (it was sampled) but is no text of the response;
+            # nor is the end-of-turn token that closes each turn of a tool-call rollout.
+            if self.native:
+                text_ids = self.protocol.turn_text(ids)
+            else:
+                text_ids = ids[:-1] if ids and ids[-1] in eos and r.stop_reason == "eos" and ids is r.runs[-1][1] else ids
             if text_ids:
                 segments.append(Segment(self.backend.decode(text_ids), "policy"))
         return Trajectory(
@@ -336,5 +434,6 @@ class RolloutEngine:
             answer=self.protocol.answer(segments),
             stop_reason=r.stop_reason or "length",
             truncated_documents=r.truncated_documents,
-            timing={"generation_s": r.gen_s, "retrieval_s": r.ret_s},
+            tool_calls=r.tool_calls,
+            timing={"generation_s": r.gen_s, "retrieval_s": r.ret_s, **{f"tools/{n}_s": v for n, v in r.tool_s.items()}},
         )

@@ -39,6 +39,8 @@ class CallFormat:
 
     name: ClassVar[str]
     extra_stops: ClassVar[tuple[str, ...]] = ()  # tokens besides the template's end of turn
+    # Text only the environment writes around a tool result: in a policy turn, a forged result.
+    observation_markers: ClassVar[tuple[str, ...]] = ()
 
     @staticmethod
     def detect(template: str) -> bool:
@@ -102,6 +104,7 @@ class HermesFormat(CallFormat):
     per turn. An opening tag without its closing one is a call cut by the token budget."""
 
     name = "hermes"
+    observation_markers = ("<tool_response>", "</tool_response>")
     _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 
     @staticmethod
@@ -146,6 +149,7 @@ class Llama3JsonFormat(CallFormat):
 
     name = "llama3-json"
     extra_stops = ("<|eom_id|>",)
+    observation_markers = ("<|start_header_id|>ipython<|end_header_id|>",)
     _TAG = "<|python_tag|>"
 
     @staticmethod

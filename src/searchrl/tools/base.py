@@ -51,11 +51,12 @@ class Tool(ABC):
         """`context`: what the run gives its tools (the retriever, k, ...); `build_tools` passes it."""
         self.context = context
 
-    def schema(self) -> dict[str, Any]:
+    @classmethod
+    def schema(cls) -> dict[str, Any]:
         """The OpenAI / Hugging Face function schema, as chat templates take it in `tools=`."""
         return {
             "type": "function",
-            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+            "function": {"name": cls.name, "description": cls.description, "parameters": cls.parameters},
         }
 
     @abstractmethod

@@ -1,0 +1,38 @@
+"""Tool-call metrics of a set of rollouts, under the stable names training (`metrics.jsonl`) and
+evaluation (`metrics.json`) both report:
+
+- `tools/<name>/calls`: calls of tool `name` per rollout (served or refused);
+- `tools/<name>/latency_s`: wall seconds per served call of `name` (its batch's time shared out);
+- `tools/invalid_rate`: the share of call attempts that were the policy's mistakes (malformed,
+  an unknown tool, bad arguments: `batch.INVALID`); `tools/refused_rate`: over a budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from searchrl.tools.batch import INVALID
+
+
+def tool_metrics(calls: Sequence[Sequence[dict]], timings: Sequence[dict], tools: Sequence[str]) -> dict[str, float | None]:
+    """The metrics of rollouts whose `tool_calls` are `calls` and `timing`s are `timings`, with a
+    `tools/<name>/...` pair for every tool the run offers (`tools`) and any other one called.
+
+    >>> search = {"name": "search", "arguments": {"query": "q"}, "ok": True, "error": None}
+    >>> bad = {"name": None, "arguments": None, "ok": False, "error": "malformed"}
+    >>> m = tool_metrics([[search, search], [bad]], [{"tools/search_s": 0.5}, {}], ["search", "open"])
+    >>> m["tools/search/calls"], m["tools/search/latency_s"], m["tools/open/calls"], m["tools/invalid_rate"]
+    (1.0, 0.25, 0.0, 0.3333333333333333)
+    """
+    n = max(len(calls), 1)
+    attempts = [c for rollout in calls for c in rollout]
+    names = list(dict.fromkeys([*tools, *(c["name"] for c in attempts if c["name"] is not None)]))
+    out: dict[str, float | None] = {}
+    for name in names:
+        served = sum(c["name"] == name and c["error"] != "budget" for c in attempts)
+        seconds = sum(t.get(f"tools/{name}_s", 0.0) for t in timings)
+        out[f"tools/{name}/calls"] = sum(c["name"] == name for c in attempts) / n
+        out[f"tools/{name}/latency_s"] = seconds / served if served else None
+    out["tools/invalid_rate"] = sum(c["error"] in INVALID for c in attempts) / len(attempts) if attempts else 0.0
+    out["tools/refused_rate"] = sum(c["error"] == "budget" for c in attempts) / len(attempts) if attempts else 0.0
+    return out
