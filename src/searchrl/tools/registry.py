@@ -7,7 +7,6 @@ A name is a registered tool (`TOOLS`: search, open, calculate) or the import pat
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 
 from searchrl.errors import SearchRLError
@@ -16,26 +15,16 @@ from searchrl.tools.base import Tool
 from searchrl.tools.context import ToolContext
 from searchrl.tools.schema import NAME, check_schema
 
-TOOLS: Registry[type[Tool]] = Registry("tool")
+TOOLS: Registry[type[Tool]] = Registry("tool", paths=True)
 
 def tool_class(name: str) -> type[Tool]:
     """The tool class `name` stands for: a registered tool, or `package.module:ClassName`."""
-    if ":" not in name:
-        if name not in TOOLS:
-            raise SearchRLError(f"unknown tool {name!r}; choose among {', '.join(TOOLS.names())}, "
-                                "or give your own as package.module:ClassName")
-        return TOOLS.get(name)
-    module_name, _, class_name = name.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001  a user's module may fail in any way while it loads
-        raise SearchRLError(f"tool {name}: cannot import {module_name} ({type(exc).__name__}: {exc}); "
-                            "is its package installed, or its folder on PYTHONPATH?") from None
-    cls = getattr(module, class_name, None)
-    if cls is None:
-        raise SearchRLError(f"tool {name}: {module_name} has no {class_name}")
+    if ":" not in name and name not in TOOLS:
+        raise SearchRLError(f"unknown tool {name!r}; choose among {', '.join(TOOLS.names())}, "
+                            "or give your own as package.module:ClassName")
+    cls = TOOLS.get(name)
     if not (isinstance(cls, type) and issubclass(cls, Tool)):
-        raise SearchRLError(f"tool {name}: {class_name} is not a subclass of searchrl.tools.base.Tool")
+        raise SearchRLError(f"tool {name}: {name.rpartition(':')[2]} is not a subclass of searchrl.tools.base.Tool")
     return cls
 
 
