@@ -2,15 +2,17 @@
 
 A term is a pure function of one `RewardInput` (a trajectory, its question's gold answers, the
 format verdict and the answer read from it) and its own keyword-only parameters, returning a
-float. It is registered by name in `REWARD_TERMS`; a stage names it in `reward.terms` with a
-weight and values for its parameters, checked against the function's signature when the config
-loads. A user adds a term by registering one before the config is loaded:
+float. A stage names it in `reward.terms` with a weight and values for its parameters, checked
+against the function's signature when the config loads. The name is one registered in
+`REWARD_TERMS`, or the import path `package.module:function` of a user's own term, loaded as
+tools are (`searchrl.registry.load_object`):
 
-    @REWARD_TERMS.register("length_penalty")
+    # mypkg/rewards.py
     def length_penalty(x: RewardInput, *, per_word: float = 0.01) -> float:
         return -per_word * len((x.prediction or "").split())
 
-and naming it: `stage2.reward.terms: {length_penalty: {weight: 1.0, per_word: 0.02}}`.
+named `stage2.reward.terms: {"mypkg.rewards:length_penalty": {weight: 1.0, per_word: 0.02}}`
+(or registered first with `@REWARD_TERMS.register("length_penalty")` and named `length_penalty`).
 
 Built in: `retrieve`, `format` and `answer` (the paper's R_retrieve, R_format, R_answer; every
 stage has them, set by the stage preset's magnitudes in `RewardConfig`), `tool_cost` and
@@ -47,7 +49,7 @@ class RewardInput:
 
 
 RewardTerm = Callable[..., float]  # (RewardInput, *, **params) -> float
-REWARD_TERMS: Registry[RewardTerm] = Registry("reward term")
+REWARD_TERMS: Registry[RewardTerm] = Registry("reward term", paths=True)
 
 
 @REWARD_TERMS.register("retrieve")
@@ -136,6 +138,23 @@ def duplicate_query(x: RewardInput, *, penalty: float = 0.5) -> float:
     return -penalty * (len(x.traj.queries) - len({_same_query(q) for q in x.traj.queries}))
 
 
+def _check_signature(name: str, fn: object) -> None:
+    """`fn` is a term: a function of one `RewardInput`, then keyword-only parameters. ValueError
+    otherwise (pydantic reports it under the config key)."""
+    shape = "a function (x: RewardInput, *, param=default, ...) -> float"
+    if not callable(fn):
+        raise ValueError(f"reward term {name!r} is a {type(fn).__name__}, not {shape}")  # noqa: TRY004
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception as exc:  # noqa: BLE001  a user's annotations may name anything
+        raise ValueError(f"reward term {name!r}: cannot resolve its annotations ({exc})") from None
+    first, *rest = list(inspect.signature(fn).parameters.values()) or [None]
+    takes_input = first is not None and first.kind in (first.POSITIONAL_ONLY, first.POSITIONAL_OR_KEYWORD)
+    if (not takes_input or hints.get(first.name, RewardInput) is not RewardInput
+            or any(p.kind is not p.KEYWORD_ONLY for p in rest)):
+        raise ValueError(f"reward term {name!r} takes {inspect.signature(fn)}; it must be {shape}")
+
+
 @cache
 def _params_model(fn: RewardTerm):
     """A pydantic model of `fn`'s keyword-only parameters (their annotations and defaults)."""
@@ -150,12 +169,15 @@ def _params_model(fn: RewardTerm):
 
 def term_params(name: str, given: dict) -> dict:
     """`given` checked against term `name`'s keyword-only parameters and converted to their
-    types; a wrong name or value raises ValueError naming the term, the parameter and the fix.
+    types; a wrong value, or a function that is no term, raises ValueError naming the term, the
+    parameter and the fix (a name that is neither registered nor importable: `SearchRLError`).
 
     >>> term_params("duplicate_query", {"penalty": 1})
     {'penalty': 1.0}
     """
-    model = _params_model(REWARD_TERMS.get(name))
+    fn = REWARD_TERMS.get(name)
+    _check_signature(name, fn)
+    model = _params_model(fn)
     if "weight" in model.model_fields:
         raise ValueError(f"reward term {name!r} has a parameter named weight, which the stage's weight of a term shadows; rename it")
     try:

@@ -322,8 +322,9 @@ class RewardConfig(StrictModel):
     """Format rule `think`: the reasoning sits in one think block closed right before the answer
     (paper). False drops that rule, for models too small to close `</think>` (the CPU demo)."""
     terms: dict[str, TermConfig] = Field(default_factory=dict)
-    """Terms added to the three above, by name (`REWARD_TERMS`: `tool_cost`, `duplicate_query`, or
-    one a user registered), each with a weight and its parameters:
+    """Terms added to the three above, by name (`REWARD_TERMS`: `tool_cost`, `duplicate_query`, one
+    a user registered, or a user's own by import path `package.module:function`), each with a
+    weight and its parameters:
     `{duplicate_query: {weight: 1.0, penalty: 0.5}, tool_cost: {per_call: 0.05}}` (a term with
     no keys: weight 1, its defaults). Logged as `reward/<name>` like the built-in three. None in
     the paper recipe."""

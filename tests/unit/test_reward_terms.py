@@ -1,10 +1,12 @@
 """Reward terms: the stage presets give the old formula's floats bit for bit on hand-made
 trajectories, under every magnitude option and in the shipped configs; the optional terms add
-what they say; a term a user registers shows in the total and in `reward/<name>`."""
+what they say; a term a user registers shows in the total and in `reward/<name>`, and one named by
+import path needs no registering."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -256,3 +258,69 @@ def test_every_term_has_a_docstring_and_its_examples_pass():
         assert ">>>" in (REWARD_TERMS.get(name).__doc__ or ""), name
     result = doctest.testmod(searchrl.reward_terms)
     assert result.attempted >= 15 and result.failed == 0
+
+
+USER_TERMS = '''
+from searchrl.reward_terms import RewardInput
+
+def length_penalty(x: RewardInput, *, per_word: float = 0.01) -> float:
+    return -per_word * len((x.prediction or "").split())
+
+def two_inputs(x, y, *, scale: float = 1.0) -> float:
+    return 0.0
+
+def wrong_input(x: str, *, scale: float = 1.0) -> float:
+    return 0.0
+
+NOT_A_TERM = 3
+'''
+
+
+@pytest.fixture
+def user_terms(tmp_path, monkeypatch):
+    (tmp_path / "myterms.py").write_text(USER_TERMS)
+    (tmp_path / "brokenterms.py").write_text("import nonexistent_package_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    for name in ("myterms", "brokenterms"):
+        sys.modules.pop(name, None)
+
+
+def test_a_term_named_by_import_path_needs_no_registering(user_terms):
+    (user_terms / "cfg.yaml").write_text(
+        'stage2:\n  reward:\n    terms:\n      "myterms:length_penalty": {weight: 2.0, per_word: 0.25}\n')
+    reward = load_config(TrainConfig, user_terms / "cfg.yaml").stage2.reward
+    assert "myterms:length_penalty" not in REWARD_TERMS
+    assert reward.stage_terms()[-1] == ("myterms:length_penalty", 2.0, {"per_word": 0.25})
+    t = TRAJS["searched_partial"]  # answers "the Tessaly river": 3 words, F1 2/3
+    plain, priced = compute_reward(t, GOLDS, RewardConfig(), T), compute_reward(t, GOLDS, reward, T)
+    assert priced.terms["myterms:length_penalty"] == 2.0 * -0.25 * 3
+    assert priced.total == plain.total - 1.5
+    # its parameters are checked against its signature, as a registered term's are
+    with pytest.raises(ValueError, match=r"reward term .myterms:length_penalty.: per_wrd: Extra inputs .* \(its parameters: per_word\)"):
+        RewardConfig(terms={"myterms:length_penalty": {"per_wrd": 1}})
+    assert RewardConfig(terms={"myterms:length_penalty": None}).terms["myterms:length_penalty"].params == {"per_word": 0.01}
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("nosuchmodule_xyz:f", r"reward term nosuchmodule_xyz:f: cannot import nosuchmodule_xyz \(ModuleNotFoundError: No module named 'nosuchmodule_xyz'\); is its package installed"),
+    ("brokenterms:f", r"reward term brokenterms:f: cannot import brokenterms .*nonexistent_package_xyz.*PYTHONPATH"),
+    ("myterms:missing", r"^reward term myterms:missing: myterms has no missing$"),
+    ("myterms:", r"^reward term myterms:: give an import path as package.module:name$"),
+    ("brevity", r"^unknown reward term 'brevity'; choose one of: .*tool_cost, or give your own as package.module:name$"),
+])
+def test_a_bad_term_path_is_a_one_line_error(user_terms, name, message):
+    with pytest.raises(SearchRLError, match=message) as exc:
+        RewardConfig(terms={name: {}})
+    assert "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("myterms:NOT_A_TERM", r"reward term 'myterms:NOT_A_TERM' is a int, not a function \(x: RewardInput, \*, param=default, ...\)"),
+    ("myterms:two_inputs", r"reward term 'myterms:two_inputs' takes \(x, y, \*, scale: float = 1.0\) -> float; it must be a function"),
+    ("myterms:wrong_input", r"reward term 'myterms:wrong_input' takes \(x: str, .*\) -> float; it must be a function"),
+])
+def test_an_object_that_is_no_term_is_refused_where_the_config_names_it(user_terms, name, message):
+    (user_terms / "cfg.yaml").write_text(f'stage2:\n  reward:\n    terms:\n      "{name}": {{}}\n')
+    with pytest.raises(SearchRLError, match=r"stage2.reward.terms: Value error, " + message):
+        load_config(TrainConfig, user_terms / "cfg.yaml")

@@ -19,120 +19,18 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
-
-from pydantic import BeforeValidator, Field, model_validator
+from typing import Literal
 
 from searchrl.agent import load_backend
-from searchrl.config import StrictModel, dump_config, load_config
+from searchrl.config import dump_config, load_config
 from searchrl.errors import SearchRLError
 from searchrl.eval import resume as saved
 from searchrl.eval.compare import read_metrics
-from searchrl.eval.report_table import dataset_name, write_report
+from searchrl.eval.report_config import PlannedRun, ReportConfig, dataset_name
+from searchrl.eval.report_table import write_report
 from searchrl.eval.run import EvalConfig, run_eval
-from searchrl.judge import JudgeConfig
-from searchrl.protocol import ProtocolConfig
 from searchrl.retrieval import RetrievalConfig
-from searchrl.rollout.config import EVAL_ROLLOUT, EvalRollout, RolloutConfig
-
-DEFAULT_DATASETS = [
-    "hotpotqa-ircot",
-    "2wiki",
-    "musique",
-    "bamboogle",
-    "r1s-hotpotqa500",
-    "r1s-2wiki500",
-    "r1s-musique500",
-]
-DEFAULT_INDEXES = {"bm25": "localwiki", "dense": "localwiki-dense"}
-# The CPU demo's protocol: what a 135M model follows, and what the demo's checkpoint trained with.
-REPORT_PROTOCOL = {"tags": "search-r1", "template": "oneshot"}
-
-
-def _protocol_defaults(value):
-    # A protocol given in part (--tags alone) keeps the report's defaults for the other keys.
-    return {**REPORT_PROTOCOL, **value} if isinstance(value, dict) else value
-
-
-class ReportConfig(StrictModel):
-    """`searchrl eval report`. Every field is also a `--set key=value`; the shared sections
-    (protocol, rollout, judge) are those of `eval run` and go unchanged into every run."""
-
-    model: str = Field(
-        "smollm2-135m",
-        description="Model evaluated: smollm2-135m, a checkpoint folder or a hub id.",
-    )
-    datasets: list[str] = Field(
-        default_factory=lambda: list(DEFAULT_DATASETS),
-        description="Catalog names or question files. Those whose questions carry supporting ids (their paragraphs are in "
-        "the corpus) run every method; the others (Bamboogle, R1-Searcher's 500 sets) run direct only, closed-book.",
-    )
-    methods: list[Literal["direct", "rag", "agent"]] = Field(
-        default_factory=lambda: ["direct", "rag", "agent"], description="Methods of `eval run`."
-    )
-    retrievers: list[str] = Field(
-        default_factory=lambda: list(DEFAULT_INDEXES),
-        description="Retrievers of rag and agent, by their name in `indexes` (bm25, dense). Dense builds its index "
-        "once (~17 CPU-min for localwiki), then searches as fast as BM25 does on this corpus size.",
-    )
-    indexes: dict[str, str] = Field(
-        default_factory=lambda: dict(DEFAULT_INDEXES),
-        description="Retriever name -> the index it searches (catalog name or index directory).",
-    )
-    limit: int | None = Field(
-        50, ge=1, description="First N questions of each dataset (CPU-sized default); null = all."
-    )
-    protocol: Annotated[ProtocolConfig, BeforeValidator(_protocol_defaults)] = Field(
-        default_factory=lambda: ProtocolConfig(**REPORT_PROTOCOL),
-        description="Tags and prompt template; default the CPU demo's (what a 135M model follows and the demo trains with).",
-    )
-    rollout: EvalRollout = Field(
-        default_factory=lambda: RolloutConfig(**EVAL_ROLLOUT),
-        description="Backend (hf | vllm), k, searches and tokens of an agent rollout, batch size; greedy (eval run's defaults).",
-    )
-    judge: JudgeConfig = Field(
-        default_factory=JudgeConfig, description="ACC_L judge (judge.url null = no ACC_L column)."
-    )
-    require_think: bool = Field(
-        True,
-        description="Format rule `think` in the format-OK rate; false for a model trained without it (the CPU demo).",
-    )
-    out: str = Field(
-        "runs/report",
-        description="Report folder: runs/<dataset>__<method>[__<retriever>]/, report.md, plots/.",
-    )
-
-    @model_validator(mode="after")
-    def _check(self) -> ReportConfig:
-        for field in ("datasets", "methods", "retrievers"):
-            values = getattr(self, field)
-            if not values or len(set(values)) != len(values):
-                raise ValueError(f"{field} must name at least one entry, each once (got {values})")
-        unknown = [r for r in self.retrievers if r not in self.indexes]
-        if unknown:
-            raise ValueError(
-                f"retrievers {unknown} have no index in `indexes` ({', '.join(self.indexes)})"
-            )
-        return self
-
-
-@dataclass(frozen=True)
-class PlannedRun:
-    dataset: str
-    method: str
-    retriever: str | None  # None: direct
-    closed_book: bool
-    cfg: EvalConfig
-
-    @property
-    def name(self) -> str:
-        return dataset_name(self.dataset)
-
-    @property
-    def label(self) -> str:
-        return " · ".join(x for x in (self.name, self.method, self.retriever) if x)
 
 
 def _slug(dataset: str) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from searchrl.eval.compare import column_labels, metric_cells
 from searchrl.eval.paper import (
@@ -16,19 +15,10 @@ from searchrl.eval.paper import (
     benchmark_of,
     paper_results,
 )
+from searchrl.eval.report_config import PlannedRun, ReportConfig, dataset_name
 from searchrl.eval.summary import fmt_percent
 
-if TYPE_CHECKING:
-    from searchrl.eval.report import PlannedRun, ReportConfig
-
-
-def dataset_name(dataset: str) -> str:
-    """A dataset as the report shows it: a catalog name, or a question file's name without suffix."""
-    path = Path(dataset)
-    return path.stem if path.suffix else dataset
-
-
-Result = tuple["PlannedRun", dict]  # a run and its metrics.json
+Result = tuple[PlannedRun, dict]  # a run and its metrics.json
 CHARTS = (
     ("cover_em", "cover-EM % (ACC_R)"),
     ("f1", "F1 %"),

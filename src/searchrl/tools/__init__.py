@@ -5,7 +5,8 @@ checks each call with `check_arguments` before `Tool.call`.
 """
 
 from searchrl.tools.base import Observation, Tool, ToolCall
-from searchrl.tools.registry import TOOLS, ToolContext, build_tools, tool_class
+from searchrl.tools.context import ToolContext
+from searchrl.tools.registry import TOOLS, build_tools, tool_class
 from searchrl.tools.schema import check_arguments, check_schema
 
 # The built-in tools register themselves on import.

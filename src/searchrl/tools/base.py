@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from searchrl.tools.registry import ToolContext
+    from searchrl.tools.context import ToolContext
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""The tool registry, what tools are given (`ToolContext`), and `build_tools`, which turns the
-names a config lists (`tools: [search, open, mypkg.tools:Weather]`) into tools.
+"""The tool registry and `build_tools`, which turns the names a config lists (`tools: [search,
+open, mypkg.tools:Weather]`) into tools, each given the run's `ToolContext`.
 
 A name is a registered tool (`TOOLS`: search, open, calculate) or the import path
 `package.module:ClassName` of a `Tool` subclass of the user's (README "Tools").
@@ -7,85 +7,24 @@ A name is a registered tool (`TOOLS`: search, open, calculate) or the import pat
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
-from searchrl.data.types import Passage
 from searchrl.errors import SearchRLError
 from searchrl.registry import Registry
-from searchrl.tags import format_passages
 from searchrl.tools.base import Tool
+from searchrl.tools.context import ToolContext
 from searchrl.tools.schema import NAME, check_schema
 
-if TYPE_CHECKING:
-    from searchrl.retrieval.base import Retriever
-    from searchrl.retrieval.store import Passages
-    from searchrl.retrieval.web.config import WebConfig
-    from searchrl.retrieval.web.pages import PageReader
-
-TOOLS: Registry[type[Tool]] = Registry("tool")
-# `open` reads whole passages and pages: ~1000 tokens, room for a few in a 4k context.
-MAX_OPEN_CHARS = 4000
-
-
-@dataclass
-class ToolContext:
-    """What a run gives its tools. `format_passages`: passages -> observation text (the
-    protocol's; default the documents block content in the r1searcher style); `passages`: the
-    local corpus `open` reads by id and title (None: none); `pages`: how `open` reads URLs (None:
-    it reads none); `max_open_chars`: the longest text `open` returns, cut with a note."""
-
-    retriever: Retriever | None = None
-    k: int = 3
-    format_passages: Callable[[Sequence[Passage]], str] = format_passages
-    passages: Passages | None = None
-    pages: PageReader | None = None
-    max_open_chars: int = MAX_OPEN_CHARS
-    _owned: list = field(default_factory=list, repr=False)
-
-    @classmethod
-    def of(cls, retriever: Retriever, k: int, format_passages: Callable[[Sequence[Passage]], str] = format_passages,
-           web: WebConfig | None = None, max_open_chars: int = MAX_OPEN_CHARS) -> ToolContext:
-        """The context of a run searching with `retriever` (`RetrievalConfig.open()`'s): `open`
-        reads the local index's passages when it has them, and URLs through web search's page
-        reader (its cache, limits and budget) when the retriever is web search, else through a
-        reader of `web` of its own (None: `open` reads no URLs)."""
-        from searchrl.retrieval.web.pages import PageReader
-
-        passages = getattr(retriever, "passages", None)  # a local index's store (CachedRetriever passes it on)
-        pages = getattr(getattr(retriever, "inner", retriever), "pages", None)  # WebRetriever's reader
-        ctx = cls(retriever, k, format_passages, passages, pages if isinstance(pages, PageReader) else None, max_open_chars)
-        if ctx.pages is None and web is not None:
-            ctx.pages = PageReader(web)
-            ctx._owned.append(ctx.pages)
-        return ctx
-
-    def close(self) -> None:
-        """Close what `of` opened for the tools (never the retriever: its owner closes it)."""
-        while self._owned:
-            self._owned.pop().close()
-
+TOOLS: Registry[type[Tool]] = Registry("tool", paths=True)
 
 def tool_class(name: str) -> type[Tool]:
     """The tool class `name` stands for: a registered tool, or `package.module:ClassName`."""
-    if ":" not in name:
-        if name not in TOOLS:
-            raise SearchRLError(f"unknown tool {name!r}; choose among {', '.join(TOOLS.names())}, "
-                                "or give your own as package.module:ClassName")
-        return TOOLS.get(name)
-    module_name, _, class_name = name.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001  a user's module may fail in any way while it loads
-        raise SearchRLError(f"tool {name}: cannot import {module_name} ({type(exc).__name__}: {exc}); "
-                            "is its package installed, or its folder on PYTHONPATH?") from None
-    cls = getattr(module, class_name, None)
-    if cls is None:
-        raise SearchRLError(f"tool {name}: {module_name} has no {class_name}")
+    if ":" not in name and name not in TOOLS:
+        raise SearchRLError(f"unknown tool {name!r}; choose among {', '.join(TOOLS.names())}, "
+                            "or give your own as package.module:ClassName")
+    cls = TOOLS.get(name)
     if not (isinstance(cls, type) and issubclass(cls, Tool)):
-        raise SearchRLError(f"tool {name}: {class_name} is not a subclass of searchrl.tools.base.Tool")
+        raise SearchRLError(f"tool {name}: {name.rpartition(':')[2]} is not a subclass of searchrl.tools.base.Tool")
     return cls
 
 
