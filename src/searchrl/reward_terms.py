@@ -24,9 +24,8 @@ from __future__ import annotations
 import inspect
 import typing
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
-from typing import TYPE_CHECKING
 
 from pydantic import ConfigDict, ValidationError, create_model
 
@@ -34,8 +33,14 @@ from searchrl.data.trajectory import Trajectory
 from searchrl.metrics import ANSWER_METRICS
 from searchrl.registry import Registry
 
-if TYPE_CHECKING:
-    from searchrl.rewards import FormatVerdict
+
+@dataclass(frozen=True)
+class FormatVerdict:
+    """The format check's result (`searchrl.rewards.check_format`): whether it passed, and the
+    rules that failed."""
+
+    ok: bool
+    failed: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -58,7 +63,6 @@ def retrieve(x: RewardInput, *, hit: float = 1.0, miss: float = -1.0, requires_f
     served, whichever protocol), else `miss`; with
     `requires_format` a search counts only when the format check passes too (the authors' code).
 
-    >>> from searchrl.rewards import FormatVerdict
     >>> def rollout(n_searches, ok=True):
     ...     return RewardInput(["x"], Trajectory("q", "?", [], [], [], [], [], n_searches=n_searches), FormatVerdict(ok), None)
     >>> retrieve(rollout(2)), retrieve(rollout(0)), retrieve(rollout(1, ok=False))
@@ -75,7 +79,6 @@ def format_term(x: RewardInput, *, ok: float = 1.0, bad: float = -1.0) -> float:
     """R_format: `ok` when the format check passes, `bad` when it fails (the rules are in
     `searchrl.rewards`).
 
-    >>> from searchrl.rewards import FormatVerdict
     >>> def rollout(ok):
     ...     return RewardInput(["x"], Trajectory("q", "?", [], [], [], [], []), FormatVerdict(ok), None)
     >>> format_term(rollout(True)), format_term(rollout(False)), format_term(rollout(False), ok=0.0, bad=-2.0)
@@ -89,7 +92,6 @@ def answer(x: RewardInput, *, metric: str = "f1", requires_format: bool = False)
     """R_answer: the answer metric (`f1`, `em`, `cem`, `cem_substr`: `ANSWER_METRICS`) of the
     prediction against the golds; with `requires_format`, 0 when the format check fails.
 
-    >>> from searchrl.rewards import FormatVerdict
     >>> def rollout(prediction, ok=True):
     ...     return RewardInput(["Tessaly"], Trajectory("q", "?", [], [], [], [], []), FormatVerdict(ok), prediction)
     >>> answer(rollout("the Tessaly river"))  # F1: P=1/2, R=1
@@ -108,7 +110,6 @@ def tool_cost(x: RewardInput, *, per_call: float = 0.1, per_tool: dict[str, floa
     ones are the format's business): `per_tool[name]` per call of tool `name`, `per_call` for a
     tool not listed.
 
-    >>> from searchrl.rewards import FormatVerdict
     >>> calls = [{"name": n, "arguments": {}, "ok": True, "error": None} for n in ("search", "search", "open", None)]
     >>> three = RewardInput(["x"], Trajectory("q", "?", [], [], [], [], [], tool_calls=calls), FormatVerdict(True), None)
     >>> tool_cost(three, per_call=0.25), tool_cost(three, per_call=0.25, per_tool={"search": 0.5, "open": 0.0})
@@ -129,7 +130,6 @@ def duplicate_query(x: RewardInput, *, penalty: float = 0.5) -> float:
     """Minus `penalty` per query that repeats an earlier one of the same rollout, compared
     casefolded with whitespace collapsed ("Tessaly  river" repeats "tessaly river").
 
-    >>> from searchrl.rewards import FormatVerdict
     >>> queries = ["Tessaly river", "tessaly  River", "Quellbridge", "Tessaly river", "Tessaly river?"]
     >>> x = RewardInput(["x"], Trajectory("q", "?", [], [], [], [], [], queries=queries, n_searches=5), FormatVerdict(True), None)
     >>> duplicate_query(x), duplicate_query(x, penalty=0.25)

@@ -48,7 +48,7 @@ from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.metrics import ANSWER_METRICS
 from searchrl.protocol import Protocol
 from searchrl.registry import Registry
-from searchrl.reward_terms import REWARD_TERMS, RewardInput, term_params
+from searchrl.reward_terms import REWARD_TERMS, FormatVerdict, RewardInput, term_params
 from searchrl.tags import TagSet, extract_answer
 from searchrl.toolformat.protocol import NativeProtocol
 from searchrl.tools.batch import INVALID
@@ -72,12 +72,6 @@ _CJK = re.compile(
     "\uac00-\ud7af\uf900-\ufaff\uff00-\uffef\U00020000-\U0003134f]"
 )
 _BAD_CATEGORIES = frozenset({"Cc", "Cs", "Co", "Cn"})
-
-
-@dataclass(frozen=True)
-class FormatVerdict:
-    ok: bool
-    failed: list[str] = field(default_factory=list)
 
 
 def _merge(segments: Sequence[Segment]) -> list[Segment]:

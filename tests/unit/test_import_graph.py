@@ -110,14 +110,6 @@ def _mutual_pairs() -> set[tuple[str, str]]:
     }
 
 
-# Two-way pairs in files being rewritten elsewhere, each to be closed there and then removed here.
-KNOWN_PAIRS = {
-    # reward_terms' RewardInput names rewards.FormatVerdict (TYPE_CHECKING) while rewards imports
-    # reward_terms: moving FormatVerdict (check_format's result) out of rewards.py closes it.
-    ("searchrl.reward_terms", "searchrl.rewards"),
-}
-
-
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     """One cycle as [a, b, ..., a], or None."""
     state: dict[str, int] = {}  # 1 = on the current path, 2 = done
@@ -208,14 +200,9 @@ def test_no_function_level_import_closes_a_cycle():
 
 
 def test_no_two_modules_import_each_other():
-    pairs = _mutual_pairs() - KNOWN_PAIRS
+    pairs = _mutual_pairs()
     assert not pairs, "modules importing each other (move what both need into a third module):\n" + "\n".join(
         f"{a} <-> {b}" for a, b in sorted(pairs))
-
-
-def test_known_pairs_are_still_pairs():
-    closed = KNOWN_PAIRS - _mutual_pairs()
-    assert not closed, f"no longer importing each other, remove from KNOWN_PAIRS: {sorted(closed)}"
 
 
 def test_a_package_reexporting_its_modules_is_no_pair():

@@ -152,7 +152,7 @@ def test_engine_records_exact_tokens_masks_and_text(tokenizer):
         if t.stop_reason == "answer":
             expected_policy += "</answer>"
         assert policy_text == expected_policy
-        assert set(t.timing) == {"generation_s", "retrieval_s"}
+        assert set(t.timing) == {"generation_s", "retrieval_s"} | ({"tools/search_s"} if t.n_searches else set())
         assert t.timing["retrieval_s"] >= 0 and t.timing["generation_s"] > 0
     eos_traj = next(t for t in trajs if t.stop_reason == "eos")
     assert eos_traj.token_ids[-1] == eos and eos_traj.loss_mask[-1] == 1

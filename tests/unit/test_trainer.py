@@ -133,6 +133,7 @@ def _step(actor: Actor, trajs: list[Trajectory], questions: list[Question]):
             pass
 
         protocol = Protocol.from_config(cfg.protocol)
+        tools = ["search"]
 
         def collect(self, questions, n, seed, progress=False):
             return trajs

@@ -15,6 +15,7 @@ from searchrl.agent import Agent, build_agent, load_backend
 from searchrl.data.trajectory import Trajectory
 from searchrl.data.types import Question
 from searchrl.protocol import Protocol
+from searchrl.toolformat.protocol import NativeProtocol
 from searchrl.retrieval.base import Retriever
 from searchrl.retrieval.querycache import CachedRetriever, RetrievalCounts
 from searchrl.retrieval.web.budget import COUNTERS
@@ -53,8 +54,13 @@ class RolloutWorker:
         return cls(build_agent(cfg, backend, retriever, protocol=protocol), actor.autocast)
 
     @property
-    def protocol(self) -> Protocol:
+    def protocol(self) -> Protocol | NativeProtocol:
         return self.engine.protocol
+
+    @property
+    def tools(self) -> list[str]:
+        """The names of the tools the rollouts may call."""
+        return list(self.engine.tools)
 
     def collect(self, questions: list[Question], n: int, seed: int, progress: bool = False) -> list[Trajectory]:
         """`n` rollouts per question, question-major, sampled with `seed`."""

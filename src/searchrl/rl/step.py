@@ -113,7 +113,7 @@ def train_step(actor: Actor, worker: RolloutWorker, stage_cfg: StageConfig, ques
     timing = Timing(*np.max([astuple(p[2]) for p in parts], axis=0).tolist())  # the slowest rank's
     has_ref = batch.ref_logp is not None
     searched = retrieval_record([p[3] for p in parts])
-    line = record(at, everyone, sums, stats, have_old, has_ref, timing, tools=list(worker.engine.tools))
+    line = record(at, everyone, sums, stats, have_old, has_ref, timing, tools=worker.tools)
     return {**line, **searched, **worker.spent()}, samples(at, everyone)
 
 

@@ -54,7 +54,7 @@ from searchrl.toolformat.chat import Message
 from searchrl.toolformat.protocol import NativeProtocol
 from searchrl.tools.base import Observation, Tool, ToolCall
 from searchrl.tools.batch import refused, run_calls
-from searchrl.tools.registry import ToolContext
+from searchrl.tools.context import ToolContext
 from searchrl.tools.search import Search
 
 log = logging.getLogger(__name__)
