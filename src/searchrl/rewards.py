@@ -25,7 +25,7 @@ Tool-call rollouts (`protocol.format: tool-calls`) are checked by the rules that
 |---|---|
 | `answer` | the rollout did not end with a final message (a turn without calls) holding an answer |
 | `calls` | a call was malformed (bad JSON, cut off), named no tool of the run, or had bad arguments |
-| `forged_documents` | a policy turn holds a tool result's wrapper (`<tool_response>`) |
+| `forged_documents` | a policy turn holds the opening of a tool-result block (`<|im_start|>tool`, `<tool_response>`) |
 
 `require_think=False` drops the `think` rule and the "right after `</think>`" clause: a
 tiny model (SmolLM2-135M) almost never closes `</think>` before answering, and a format reward

@@ -226,10 +226,7 @@ def test_separator_after_the_end_of_turn_belongs_to_the_observation(tok):
     assert chat.end_of_turn_id == tok.convert_tokens_to_ids("<|im_end|>") and chat.separator == "\n"
     _, sampled = _call_turn(chat, [USER])
     obs = chat.observation_ids([USER], sampled, [chat.tool_message("search", "R3")])
-    assert (
-        tok.decode(obs)
-        == "\n<|im_start|>user\n<tool_response>\nR3\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
-    )
+    assert tok.decode(obs) == "\n<|im_start|>tool\nR3<|im_end|>\n<|im_start|>assistant\n"
     assert obs[0] == tok.encode("\n", add_special_tokens=False)[0]
 
 

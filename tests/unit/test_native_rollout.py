@@ -17,7 +17,7 @@ from searchrl.data.types import Question
 from searchrl.protocol import ProtocolConfig
 from searchrl.rewards import RewardConfig, check_format, compute_reward
 from searchrl.rollout.config import RolloutConfig
-from searchrl.rollout.engine import RolloutEngine
+from searchrl.rollout.engine import ANSWER_ROOM, RolloutEngine
 from searchrl.rollout.scripted import ScriptedBackend
 from searchrl.tools import ToolContext, build_tools
 
@@ -88,14 +88,14 @@ def test_calls_run_batched_per_tool_and_results_follow_as_the_templates_tool_mes
     assert t.queries == ["Quellbridge river", "Tessaly flows"] and t.n_searches == 2
     assert t.stop_reason == "answer" and t.answer == "Orrin Bay"
     env = [s.text for s in t.segments if s.source == "env"]
-    assert env[0].count("<tool_response>") == 2 and "(1)Title: Quellbridge" in env[0] and "Text: The Tessaly flows" in env[0]
-    assert "<tool_response>\n160\n</tool_response>" in env[1]
+    assert env[0].count("<|im_start|>tool\n") == 2 and "(1)Title: Quellbridge" in env[0] and "Text: The Tessaly flows" in env[0]
+    assert "<|im_start|>tool\n160<|im_end|>" in env[1]
     # The context is the template's own rendering of the conversation, turn by turn.
     chat = engine.protocol.chat
     history = engine.protocol.messages("[q-two] Which river?")
     turns = [chat.parse_ids(tok.encode(s, add_special_tokens=False)) for s in SCRIPTS["q-two"]]
-    history += [chat.assistant_message(turns[0]), chat.tool_message("search", env[0].split("<tool_response>\n")[1].split("\n</tool_response>")[0]),
-                chat.tool_message("search", env[0].split("<tool_response>\n")[2].split("\n</tool_response>")[0]),
+    results = [part.split("<|im_end|>")[0] for part in env[0].split("<|im_start|>tool\n")[1:]]
+    history += [chat.assistant_message(turns[0]), *(chat.tool_message("search", r) for r in results),
                 chat.assistant_message(turns[1]), chat.tool_message("calculate", "160"), chat.assistant_message(turns[2])]
     whole = chat.render(history, add_generation_prompt=False)
     assert tok.decode(t.prompt_ids + t.token_ids, skip_special_tokens=False) + chat.separator == whole
@@ -144,7 +144,10 @@ def test_a_call_cut_by_the_token_budget_is_never_executed(tok):
 def test_results_that_do_not_fit_the_context_are_cut_and_counted(tok):
     question = [Question("q-two", "[q-two] Which river?", ("x",))]
     t = agent(tok)[0].run(question, n=1)[0]
-    room = len(t.prompt_ids) + len(t.token_ids) - 30
-    cut = agent(tok, limit=room)[0].run(question, n=1)[0]
+    first_turn = t.loss_mask.index(0)  # policy tokens before the first results
+    results = t.loss_mask[first_turn:].index(1)  # tokens of the first results block
+    # room for the first turn, the results less 15 tokens, and the 64 tokens kept for answering
+    limit = len(t.prompt_ids) + first_turn + results - 15 + ANSWER_ROOM
+    cut = agent(tok, limit=limit)[0].run(question, n=1)[0]
     assert t.truncated_documents == 0 and cut.truncated_documents >= 1 and "[cut]" in cut.response_text
-    assert len(cut.prompt_ids) + len(cut.token_ids) <= room
+    assert cut.token_ids[:first_turn] == t.token_ids[:first_turn] and len(cut.prompt_ids) + len(cut.token_ids) <= limit

@@ -11,9 +11,9 @@
 **The fallback template.** A model whose chat template has no tool section (SmolLM2-135M-
 Instruct's) gets none silently: choose ours by name, `template: hermes-fallback`
 (`searchrl/configs/chat_templates/hermes-fallback.jinja`). It is ChatML (the `<|im_start|>` /
-`<|im_end|>` tokens SmolLM2 already has), lists the tools' JSON schemas in the system turn,
-expects calls as Hermes `<tool_call>` JSON, returns results in a user turn inside
-`<tool_response>` tags, injects no default system prompt and is prefix-preserving.
+`<|im_end|>` tokens SmolLM2 already has), lists the tools one per line in the system turn,
+expects calls as Hermes `<tool_call>` JSON, returns each result in a `tool` turn as plain text,
+injects no default system prompt and is prefix-preserving.
 """
 
 from searchrl.toolformat.chat import NativeChat, load_chat_template, shipped_templates

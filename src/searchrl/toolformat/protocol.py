@@ -37,6 +37,7 @@ INSTRUCTION = (
     "the results, and search again while a fact is still missing. When you know the answer, reply "
     "with the answer alone, in a few words, and no tool call."
 )
+_SENTINEL = "SEARCHRL_OBSERVATION"
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
@@ -113,17 +114,26 @@ class NativeProtocol:
         return (found[-1].strip() if found else turn.final_text) or None
 
     @cached_property
+    def _probe(self) -> tuple[list[Message], list[int]]:
+        """A canned conversation up to a sampled call turn: what observations are measured on."""
+        history: list[Message] = [{"role": "user", "content": "ping"}]
+        call = {"type": "function", "function": {"name": "search", "arguments": {"query": "ping"}}}
+        return history, sampled_ids(self.chat, history, {"role": "assistant", "content": "", "tool_calls": [call]})
+
+    @cached_property
     def observation_overhead(self) -> int:
         """Tokens a tool-result block adds around an empty result (the separator, the tool turn's
         wrapper, the next generation prompt): what the context check counts per call besides
         the result's text."""
-        history: list[Message] = [{"role": "user", "content": "ping"}]
-        call = {"type": "function", "function": {"name": "search", "arguments": {"query": "ping"}}}
-        sampled = sampled_ids(self.chat, history, {"role": "assistant", "content": "", "tool_calls": [call]})
+        history, sampled = self._probe
         return len(self.chat.observation_ids(history, sampled, [self.chat.tool_message("search", "")]))
 
     @cached_property
     def observation_markers(self) -> tuple[str, ...]:
-        """Text that only the environment writes (a tool result's wrapper): a policy turn that
-        holds it forged an observation."""
-        return self.chat.format.observation_markers
+        """Text that only the environment writes: the opening of a tool-result block in this
+        template (`<|im_start|>tool`, `<|im_start|>user\n<tool_response>`) and the call format's
+        result tags. A policy turn that holds one forged an observation."""
+        history, sampled = self._probe
+        ids = self.chat.observation_ids(history, sampled, [self.chat.tool_message("search", _SENTINEL)])
+        opening = self.chat.tokenizer.decode(ids, skip_special_tokens=False).split(_SENTINEL)[0].strip()
+        return tuple(m for m in (opening, *self.chat.format.observation_markers) if m)
