@@ -41,6 +41,7 @@ SCRIPTS = {
         "<answer>Tessaly</answer>" + END,
     ],
     "q-budget": [call("search", query="Vantrel X2") + END, call("search", query="Orrin Optics") + END, "x" + END],
+    "q-calc": [call("calculate", expression="1+1") + END] * 2 + ["2" + END],
     "q-cut": ["I will look it up.\n<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query\": \"Dagny Halvorsen and more"],
 }
 
@@ -123,15 +124,17 @@ def test_malformed_unknown_and_badly_argued_calls_get_readable_errors_and_fail_t
         "retrieve": -1.0, "format": -1.0, "answer": 0.0}
 
 
-def test_a_call_over_budget_is_refused_and_a_turn_of_only_such_calls_ends_the_rollout(tok):
+def test_a_call_over_budget_is_told_and_a_second_turn_of_only_such_calls_ends_the_rollout(tok):
     trajs, _, retriever = run(tok, ["q-budget"], max_searches=1)
     t = trajs["q-budget"]
-    assert retriever.calls == [["Vantrel X2"]]
-    assert t.stop_reason == "max_searches" and t.n_searches == 1
-    assert [c["error"] for c in t.tool_calls] == [None]  # the refused call is not served, not recorded
-    # a per-tool budget: calculate at most 0 -> an error result the model reads, the search still served
-    trajs, _, _ = run(tok, ["q-two"], tool_budgets={"calculate": 0})
-    assert trajs["q-two"].stop_reason == "max_searches"
+    assert retriever.calls == [["Vantrel X2"]]  # the second search is never served...
+    assert [c["error"] for c in t.tool_calls] == [None, "budget"]
+    assert "no budget left for a search (at most 1)" in t.segments[3].text  # ...the model reads why
+    assert t.stop_reason == "answer" and t.answer == "x" and t.n_searches == 1
+    # a per-tool budget: calculate at most 0, told once; a turn calling it again ends the rollout
+    trajs, _, _ = run(tok, ["q-calc"], tool_budgets={"calculate": 0})
+    assert trajs["q-calc"].stop_reason == "max_searches"
+    assert [c["error"] for c in trajs["q-calc"].tool_calls] == ["budget"]
 
 
 def test_a_call_cut_by_the_token_budget_is_never_executed(tok):
@@ -151,3 +154,28 @@ def test_results_that_do_not_fit_the_context_are_cut_and_counted(tok):
     cut = agent(tok, limit=limit)[0].run(question, n=1)[0]
     assert t.truncated_documents == 0 and cut.truncated_documents >= 1 and "[cut]" in cut.response_text
     assert cut.token_ids[:first_turn] == t.token_ids[:first_turn] and len(cut.prompt_ids) + len(cut.token_ids) <= limit
+
+
+def test_eval_run_with_tools_writes_per_tool_metrics_and_every_call(tmp_path, tok):
+    from searchrl.data.types import Passage
+    from searchrl.eval.run import EvalConfig, run_eval
+    from searchrl.retrieval.index import build_index
+
+    build_index([Passage("p1", "Quellbridge", "Quellbridge is a market town on the river Tessaly.")], tmp_path / "index",
+                "bm25", progress=False)
+    questions = tmp_path / "q.jsonl"
+    questions.write_text("".join(json.dumps(Question(q, f"[{q}] Which river?", ("Orrin Bay",)).to_dict()) + "\n"
+                                 for q in ("q-two", "q-bad")))
+    cfg = EvalConfig(dataset=str(questions), protocol={"format": "tool-calls"}, tools=["search", "calculate"],
+                     model="tiny-random", retrieval={"index": str(tmp_path / "index")}, rollout={"k": 1},
+                     out=str(tmp_path / "out"))
+    metrics = run_eval(cfg, progress=False, backend=ShortContext(tok, policy))
+    assert (metrics["format"], metrics["tools"]) == ("tool-calls", ["search", "calculate"])
+    assert metrics["tools/search/calls"] == 1.5  # two in q-two, one in q-bad (with bad arguments: counted, not served)
+    assert metrics["tools/calculate/calls"] == 0.5 and metrics["tools/weather/calls"] == 0.5
+    assert metrics["tools/invalid_rate"] == 3 / 6  # q-bad's three bad calls of the six
+    assert metrics["tools/search/latency_s"] > 0 and metrics["tools/weather/latency_s"] is None
+    recs = [json.loads(line) for line in (tmp_path / "out" / "predictions.jsonl").read_text().splitlines()]
+    assert [c["name"] for c in recs[0]["tool_calls"]] == ["search", "search", "calculate"]
+    assert [(c["name"], c["ok"]) for c in recs[1]["tool_calls"]] == [(None, False), ("weather", False), ("search", False)]
+    assert [r["prediction"] for r in recs] == ["Orrin Bay", "Tessaly"] and [r["format_ok"] for r in recs] == [True, False]

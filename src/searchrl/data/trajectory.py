@@ -9,7 +9,8 @@ Source = Literal["policy", "env"]
 
 # Why a rollout stopped.
 # answer: the answer tag closed (tags), or a turn without calls (tool calls: the final message);
-# max_searches: every call of a turn was over its tool's budget (tags: the search budget), unserved;
+# max_searches: every call of a turn was over its tool's budget, unserved (tags: the first such turn,
+#   tool calls: the second; the first gets error results saying so);
 # context_full: the model's context has no room left (to generate, or for an observation).
 STOP_REASONS = ("answer", "eos", "turn_end", "length", "max_searches", "empty_query", "context_full")
 

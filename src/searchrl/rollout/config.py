@@ -43,7 +43,7 @@ class RolloutConfig(StrictModel):
     )
     tool_budgets: dict[str, Annotated[int, Field(ge=0, le=MAX_SEARCHES)]] = Field(
         default_factory=dict, description="Tool calls: calls served per rollout by tool name (open: 2); a tool not "
-        "listed gets max_searches. A call over its budget gets an error result; a turn of such calls only ends the rollout."
+        "listed gets max_searches. A call over its budget gets an error result; a second turn of such calls only ends the rollout."
     )
     k: int = Field(
         3, ge=1, le=MAX_K, description=f"Passages retrieved per query (paper: 3 in training, 5 in evaluation; at most {MAX_K}, "

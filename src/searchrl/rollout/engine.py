@@ -88,6 +88,7 @@ class _Rollout:
     tool_calls: list[dict] = field(default_factory=list)
     tool_s: dict[str, float] = field(default_factory=dict)  # wall time of calls, per tool
     used: dict[str, int] = field(default_factory=dict)  # calls admitted per tool (budgets)
+    spent_turns: int = 0  # turns whose every call was over its budget
     messages: list = field(default_factory=list)  # tool calls: the conversation so far
     gen_s: float = 0.0
     ret_s: float = 0.0
@@ -301,8 +302,9 @@ class RolloutEngine:
     def _admit(self, r: _Rollout, read: TurnRead) -> list | None:
         """The turn's attempts, each (call or None, what runs: the call or a refusal), within the
         budgets; None when the rollout stops here instead (`r.stop_reason` set): every call over
-        its tool's budget (`max_searches`), no policy budget left to read the results (`length`),
-        or not even the tags of a documents block fit (`context_full`)."""
+        its tool's budget (`max_searches`; tool calls: the second such turn, the first is told),
+        no policy budget left to read the results (`length`), or not even the tags of a documents
+        block fit (`context_full`)."""
         attempts: list[tuple[ToolCall | None, ToolCall | Observation]] = []
         for call in read.calls:
             budget = self.cfg.tool_budget(call.name)
@@ -314,7 +316,11 @@ class RolloutEngine:
                 attempts.append((call, call))
         attempts += [(None, refused(reason, "malformed")) for reason in read.malformed]
         if all(isinstance(a[1], Observation) and a[1].error == "budget" for a in attempts):
-            r.stop_reason = "max_searches"
+            # Tags end here, unserved (the paper's rule); a tool-call model reads that its budget
+            # is spent, once, and may still answer.
+            r.spent_turns += 1
+            if not self.native or r.spent_turns > 1:
+                r.stop_reason = "max_searches"
         elif r.left <= 0:  # observations it could never read
             r.stop_reason = "length"
         elif not self.native and r.documents_room() < self._tags_length():  # not even an empty block fits

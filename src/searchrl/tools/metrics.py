@@ -2,7 +2,8 @@
 evaluation (`metrics.json`) both report:
 
 - `tools/<name>/calls`: calls of tool `name` per rollout (served or refused);
-- `tools/<name>/latency_s`: wall seconds per served call of `name` (its batch's time shared out);
+- `tools/<name>/latency_s`: wall seconds per call of `name` that ran (its batch's time shared
+  out; None when none ran);
 - `tools/invalid_rate`: the share of call attempts that were the policy's mistakes (malformed,
   an unknown tool, bad arguments: `batch.INVALID`); `tools/refused_rate`: over a budget.
 """
@@ -29,7 +30,7 @@ def tool_metrics(calls: Sequence[Sequence[dict]], timings: Sequence[dict], tools
     names = list(dict.fromkeys([*tools, *(c["name"] for c in attempts if c["name"] is not None)]))
     out: dict[str, float | None] = {}
     for name in names:
-        served = sum(c["name"] == name and c["error"] != "budget" for c in attempts)
+        served = sum(c["name"] == name and c["error"] not in (*INVALID, "budget") for c in attempts)  # that ran
         seconds = sum(t.get(f"tools/{name}_s", 0.0) for t in timings)
         out[f"tools/{name}/calls"] = sum(c["name"] == name for c in attempts) / n
         out[f"tools/{name}/latency_s"] = seconds / served if served else None
