@@ -179,3 +179,23 @@ def test_eval_run_with_tools_writes_per_tool_metrics_and_every_call(tmp_path, to
     assert [c["name"] for c in recs[0]["tool_calls"]] == ["search", "search", "calculate"]
     assert [(c["name"], c["ok"]) for c in recs[1]["tool_calls"]] == [(None, False), ("weather", False), ("search", False)]
     assert [r["prediction"] for r in recs] == ["Orrin Bay", "Tessaly"] and [r["format_ok"] for r in recs] == [True, False]
+
+
+@pytest.mark.parametrize("given, says", [
+    ({"tools": ["search", "open"]}, "tag protocols speak the search tool only"),
+    ({"protocol": {"format": "tool-calls", "template": "fewshot"}}, "takes the templates tools, tools-oneshot"),
+    ({"protocol": {"template": "tools-oneshot"}}, "is a tool-call prompt"),
+    ({"rollout": {"tool_budgets": {"search": 2}}}, "budget is rollout.max_searches"),
+    ({"protocol": {"format": "tool-calls"}, "tools": ["search", "nope"]}, None),
+])
+def test_agent_configs_that_cannot_work_are_refused_with_what_to_set(given, says):
+    from pydantic import ValidationError
+
+    from searchrl.errors import SearchRLError
+
+    if says is None:  # an unknown tool is found when the protocol is built
+        with pytest.raises(SearchRLError, match="unknown tool 'nope'"):
+            build_protocol(AgentConfig(**given), load_tokenizer("tiny-random"))
+        return
+    with pytest.raises(ValidationError, match=re.escape(says)):
+        AgentConfig(**given)

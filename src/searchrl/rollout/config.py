@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, field_validator
 
 from searchrl.config import StrictModel
 from searchrl.rollout.backend import SamplingParams
@@ -67,6 +67,13 @@ class RolloutConfig(StrictModel):
         "generating meanwhile (backends with continuous batching: vllm). 1.0 = every round waits for its last "
         "sequence; lower keeps the batch fuller, at the price of more (smaller) retrieval calls.",
     )
+
+    @field_validator("tool_budgets")
+    @classmethod
+    def _search_has_its_own(cls, v: dict[str, int]) -> dict[str, int]:
+        if "search" in v:
+            raise ValueError("the search tool's budget is rollout.max_searches; leave search out of tool_budgets")
+        return v
 
     def tool_budget(self, name: str) -> int:
         """Calls of tool `name` served per rollout: `max_searches` for search, else `tool_budgets`."""
