@@ -332,7 +332,11 @@ def test_gold_path_as_tool_calls_is_the_templates_rendering_turn_by_turn(gold_wo
         assert g.prompt_ids == protocol.prompt_ids(path.question.question)
         assert g.prompt_ids + g.token_ids == _whole_ids(chat, messages, len(head))
         # mask 1 on exactly what a policy samples for each assistant turn, closed by <|im_end|>
-        turns = [sampled_ids(chat, messages[:i], m) for i, m in enumerate(messages) if i >= len(head) and m["role"] == "assistant"]
+        turns = [
+            sampled_ids(chat, messages[:i], m)
+            for i, m in enumerate(messages)
+            if i >= len(head) and m["role"] == "assistant"
+        ]
         assert [t for t, m in zip(g.token_ids, g.loss_mask) if m] == [i for t in turns for i in t]
         assert sum(a != b for a, b in zip(g.loss_mask, g.loss_mask[1:])) == 4  # turn, results, turn, results, turn
         assert g.queries == [q1, q2] and g.retrieved_ids == [[p.id for p in d] for d in (d1, d2)]
