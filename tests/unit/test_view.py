@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from searchrl.cli import app
 from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.errors import DataError, DataWarning
-from searchrl.eval.view import ENV_LABEL, load_items, write_view
+from searchrl.eval.view import ENV_LABEL, load_items, tool_results, write_view
 
 DOCS = (
     "\n\n<|begin_of_documents|>\n(1)Title: Quellbridge Text: A town on the Tessaly & <Vell>.\n"
@@ -392,3 +392,40 @@ def test_a_hostile_tool_call_is_escaped_and_its_control_characters_shown(tmp_pat
     assert "im_start" not in evil and '<span class="r-answer">&lt;answer&gt;x&lt;/answer&gt;</span>' in evil
     dom = _run_chromium(tmp_path, "--dump-dom", (tmp_path / "evil.html").resolve().as_uri())
     assert 'data-js="ready"' in dom and "data-pwned" not in dom and dom.count("<script") == 1
+
+
+@pytest.mark.parametrize(
+    "block",
+    [  # two results, as the templates of tests/unit/data/chat_templates and hermes-fallback render them
+        "\n<|im_start|>tool\nA <b>\n2<|im_end|>\n<|im_start|>tool\nB<|im_end|>\n<|im_start|>assistant\n",
+        (
+            "\n<|im_start|>user\n<tool_response>\nA <b>\n2\n</tool_response>\n<tool_response>\nB\n</tool_response>"
+            "<|im_end|>\n<|im_start|>assistant\n"
+        ),
+        (
+            "<|start_header_id|>ipython<|end_header_id|>\n\nA <b>\n2<|eot_id|><|start_header_id|>ipython"
+            "<|end_header_id|>\n\nB<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+        ),
+    ],
+)
+def test_tool_results_are_read_without_the_templates_headers(block):
+    assert tool_results(block) == ["A <b>\n2", "B"]
+    assert tool_results("(1)Title: T Text: no headers") is None  # shown as written
+
+
+def test_llama_style_calls_are_read_by_their_call_format(tmp_path):
+    env = "<|start_header_id|>ipython<|end_header_id|>\n\nR<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+    record = {
+        "question": "q",
+        "segments": [
+            {"text": '{"name": "search", "parameters": {"query": "a"}}', "source": "policy"},
+            {"text": env, "source": "env"},
+            {"text": "b", "source": "policy"},
+        ],
+        "tool_calls": [{"name": "search", "arguments": {"query": "a"}, "ok": True, "error": None}],
+    }
+    (item,) = load_items(_write(tmp_path / "llama.jsonl", [record]))
+    assert item.call_format == "llama3-json"
+    text = write_view(tmp_path / "llama.jsonl").read_text(encoding="utf-8")
+    assert '<span class="tag tag-query">search</span>' in text and "search result</span>" in text
+    assert '<div class="env-text">R</div>' in text and "header_id" not in text

@@ -425,7 +425,8 @@ def _render_results(text: str, records: Sequence[dict | None], ids: Sequence[lis
 
 def render_tool_response(item: ViewItem) -> str:
     """A tool-call trajectory turn by turn (module docstring). A turn followed by a result block
-    was served: its calls take the next entries of `tool_calls`; the last turn's are not run."""
+    was served: its calls take the next entries of `tool_calls`; one without (the rollout
+    stopped there) ran none."""
     fmt = CALL_FORMATS.get(item.call_format)()
     records, passages = iter(item.tool_calls), iter(item.retrieved_ids)
     parts, served = [], []
