@@ -5,18 +5,20 @@ an SFT config on tiny-random (2 steps, checkpoint, resume equals an uninterrupte
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
+from searchrl.agent import AgentConfig, build_protocol
 from searchrl.assets import load_tokenizer
 from searchrl.cli import app
 from searchrl.config import load_config
 from searchrl.data.types import Passage, Question
 from searchrl.errors import SearchRLError
-from searchrl.protocol import Protocol
+from searchrl.protocol import Protocol, ProtocolConfig
 from searchrl.retrieval import open_retriever
 from searchrl.retrieval.index import build_index
 from searchrl.rewards import RewardConfig, compute_reward
@@ -32,6 +34,9 @@ from searchrl.rollout.engine import RolloutEngine
 from searchrl.rollout.gold import gold_paths, gold_trajectories
 from searchrl.rollout.scripted import ScriptedBackend
 from searchrl.runlog import read_metrics
+from searchrl.tags import format_passages
+from searchrl.toolformat.selftest import sampled_ids
+from searchrl.tools import ToolContext, build_tools
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 TOWNS = ["Quellbridge", "Marrowind", "Velmar", "Harbel"]
@@ -270,6 +275,89 @@ def test_gold_trajectory_is_token_for_token_the_engine_rollout_of_the_same_text(
         )
 
 
+# --- gold paths as native tool calls -------------------------------------------------------------
+
+
+def _native_engine(tokenizer, retriever, backend=None, template="tools-oneshot"):
+    cfg = AgentConfig(
+        model="tiny-random",
+        protocol=ProtocolConfig(format="tool-calls", chat_template="hermes-fallback", template=template),
+        tools=["search", "calculate"],
+    )
+    rollout = RolloutConfig(k=1, max_searches=2, max_new_tokens=200)
+    tools = build_tools(cfg.tools, ToolContext.of(retriever, rollout.k, lambda ps: format_passages(ps, "title-lines")))
+    backend = backend or ScriptedBackend(tokenizer, lambda text: "")
+    return RolloutEngine(backend, retriever, build_protocol(cfg, tokenizer), rollout, tools)
+
+
+def _whole_ids(chat, messages, n_prompt):
+    """The conversation rendered whole, tokenized in pieces cut where each assistant turn starts
+    (`selftest.transcript`'s rule), up to the end-of-turn token of the last turn."""
+    whole = chat.render(messages, add_generation_prompt=False)
+    starts = [
+        len(chat.render(messages[:i], add_generation_prompt=True))
+        for i in range(n_prompt, len(messages))
+        if messages[i]["role"] == "assistant"
+    ]
+    end_text = chat.tokenizer.decode([chat.end_of_turn_id])
+    cuts = [0, *starts, whole.rfind(end_text) + len(end_text)]
+    return [i for a, b in pairwise(cuts) for i in chat.encode(whole[a:b])]
+
+
+def test_gold_path_as_tool_calls_is_the_templates_rendering_turn_by_turn(gold_world):
+    """The gold conversation in the HF tool-calling shape; its trajectory is the whole rendering's
+    ids, mask 1 exactly on the assistant turns, and a scripted policy writing those turns through
+    the real engine and search tool records the same trajectory; the reward calls it correct."""
+    tokenizer = load_tokenizer("tiny-random")
+    retriever = open_retriever(str(gold_world / "index"))
+    engine = _native_engine(tokenizer, retriever)
+    protocol, chat = engine.protocol, engine.protocol.chat
+    questions = [q for q in _questions(gold_world) if q.id in ("b1", "c0")]
+    paths = gold_paths(questions, retriever, 1, 2)
+    gold = gold_trajectories(engine, paths)
+    for path, g in zip(paths, gold):
+        messages = path.messages(protocol, lambda ps: format_passages(ps, "title-lines"))
+        head = protocol.messages(path.question.question)
+        (q1, d1), (q2, d2) = path.searches
+        assert messages[: len(head)] == head and head[0]["role"] == "system" and len(head) > 2  # an example
+        assert messages[len(head) :] == [
+            {"role": "assistant", "content": f"First I search for {q1}.", "tool_calls": [
+                {"type": "function", "function": {"name": "search", "arguments": {"query": q1}}}]},
+            {"role": "tool", "name": "search", "content": format_passages(d1, "title-lines")},
+            {"role": "assistant", "content": f"Next I search for {q2}.", "tool_calls": [
+                {"type": "function", "function": {"name": "search", "arguments": {"query": q2}}}]},
+            {"role": "tool", "name": "search", "content": format_passages(d2, "title-lines")},
+            {"role": "assistant", "content": path.question.answers[0]},
+        ]
+        assert g.prompt_ids == protocol.prompt_ids(path.question.question)
+        assert g.prompt_ids + g.token_ids == _whole_ids(chat, messages, len(head))
+        # mask 1 on exactly what a policy samples for each assistant turn, closed by <|im_end|>
+        turns = [
+            sampled_ids(chat, messages[:i], m)
+            for i, m in enumerate(messages)
+            if i >= len(head) and m["role"] == "assistant"
+        ]
+        assert [t for t, m in zip(g.token_ids, g.loss_mask) if m] == [i for t in turns for i in t]
+        assert sum(a != b for a, b in zip(g.loss_mask, g.loss_mask[1:])) == 4  # turn, results, turn, results, turn
+        assert g.queries == [q1, q2] and g.retrieved_ids == [[p.id for p in d] for d in (d1, d2)]
+        assert [(c["name"], c["arguments"], c["ok"]) for c in g.tool_calls] == [
+            ("search", {"query": q}, True) for q in (q1, q2)]
+        reward = compute_reward(g, path.question.answers, RewardConfig(stage="stage2"), protocol)
+        assert reward.format_ok and reward.answer == 1.0 and g.answer == path.question.answers[0]
+
+        texts = [tokenizer.decode(t) for t in turns]
+        prompt = tokenizer.decode(g.prompt_ids)
+
+        def write(text: str, texts=texts, prompt=prompt) -> str:  # the turn after as many as written
+            return texts[text[len(prompt) :].count("<|im_start|>assistant")]
+
+        scripted = ScriptedBackend(tokenizer, write)
+        (rolled,) = _native_engine(tokenizer, retriever, scripted).run([path.question], n=1)
+        for field in ("prompt_ids", "token_ids", "loss_mask", "segments", "queries", "retrieved_ids",
+                      "n_searches", "answer", "stop_reason", "tool_calls"):
+            assert getattr(g, field) == getattr(rolled, field), field
+
+
 # --- the update and the training run ------------------------------------------------------------
 
 
@@ -416,3 +504,34 @@ def test_train_sft_config_writes_checkpoints_and_resumes_like_an_uninterrupted_r
     wa = load_file(full / "checkpoints" / "step_0003" / "model.safetensors")
     wb = load_file(crashed / "checkpoints" / "step_0003" / "model.safetensors")
     assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
+
+
+def test_train_sft_with_tool_calls_trains_and_writes_its_examples_as_chat_messages(gold_world, tmp_path):
+    run = tmp_path / "tools"
+    native = ["protocol.format=tool-calls", "protocol.template=tools", "protocol.chat_template=hermes-fallback",
+              "stage1.steps=1", "rollout.max_new_tokens=200"]
+    result = CliRunner().invoke(
+        app, ["train", "--config", str(CONFIGS / "sft-demo-cpu.yaml"), *_overrides(gold_world, run, *native)]
+    )
+    assert result.exit_code == 0, result.output
+    records = read_metrics(run)
+    assert [(r["stage"], r["step"]) for r in records] == [(1, 1), (2, 2)]
+    assert all(r["updates"] == 1 and r["sft_loss"] > 0 and r["grad_norm"] > 0 and r["searches"] == 2 for r in records)
+    lines = [json.loads(line) for line in (run / "sft_messages.jsonl").read_text().splitlines()]
+    # every question with a gold path, once (stage 2's comparisons are stage 1's too): b0-b3, c0-c2
+    assert sorted(r["id"] for r in lines) == ["b0", "b1", "b2", "b3", "c0", "c1", "c2"]
+    b1 = next(r for r in lines if r["id"] == "b1")["messages"]
+    assert [m["role"] for m in b1] == ["system", "user", "assistant", "tool", "assistant", "tool", "assistant"]
+    assert b1[2]["tool_calls"] == [{"type": "function", "function": {"name": "search", "arguments": {"query": "Marrowind"}}}]
+    assert b1[3] == {"role": "tool", "name": "search", "content": "(1)Title: Marrowind Text: Marrowind is a market town "
+                     "on the river Orrin. It was founded in 1650."}
+    assert b1[-1] == {"role": "assistant", "content": "Ulmo"}
+    samples = [json.loads(line) for line in (run / "samples" / "step_0002.jsonl").read_text().splitlines()]
+    assert all(s["prediction"] == s["answers"][0] and len(s["tool_calls"]) == 2 for s in samples)
+    # the tag protocol has no chat messages: no file
+    tags = tmp_path / "tags"
+    result = CliRunner().invoke(
+        app, ["train", "--config", str(CONFIGS / "sft-demo-cpu.yaml"), *_overrides(gold_world, tags, "stage1.steps=1")]
+    )
+    assert result.exit_code == 0, result.output
+    assert not (tags / "sft_messages.jsonl").exists()

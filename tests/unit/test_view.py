@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from searchrl.cli import app
 from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.errors import DataError, DataWarning
-from searchrl.eval.view import ENV_LABEL, load_items, write_view
+from searchrl.eval.view import ENV_LABEL, load_items, tool_results, write_view
 
 DOCS = (
     "\n\n<|begin_of_documents|>\n(1)Title: Quellbridge Text: A town on the Tessaly & <Vell>.\n"
@@ -316,3 +316,116 @@ def test_nan_or_infinite_metrics_are_flagged(tmp_path):
         page = write_view(preds)
     text = page.read_text(encoding="utf-8")
     assert '<td class="nonfinite">nan (not finite)</td><td class="nonfinite">inf (not finite)</td><td>3</td>' in text
+
+
+# ----------------------------------------------------------------------------------------------
+# Tool-call trajectories
+
+
+def _native_records() -> list[dict]:
+    """Real tool-call rollouts (the scripted policy of test_native_rollout: two searches and a
+    calculation; each kind of invalid call), and a hostile one written by hand."""
+    from test_native_rollout import agent
+
+    from searchrl.assets import load_tokenizer
+    from searchrl.data.types import Question
+
+    engine, _ = agent(load_tokenizer("tiny-random"))
+    trajs = engine.run([Question(q, f"[{q}] Which river?", ("Orrin Bay",)) for q in ("q-two", "q-bad")], n=1)
+    records = [dict(t.to_dict(tokens=False), answers=["Orrin Bay"], prediction=t.answer) for t in trajs]
+    args = {"query": 'x</b><script>alert(1)</script> "quoted" \x1b[31m'}
+    records.append({
+        "question_id": "q-evil",
+        "question": "Evil?",
+        "segments": [
+            {"text": "Looking.\n<tool_call>\n" + json.dumps({"name": "search", "arguments": args}) + "\n</tool_call>",
+             "source": "policy"},
+            {"text": f"\n<|im_start|>tool\n{EVIL} \"q\" \x00\x07<|im_end|>\n<|im_start|>assistant\n", "source": "env"},
+            {"text": "<answer>x</answer>", "source": "policy"},
+        ],
+        "tool_calls": [{"name": "search", "arguments": args, "ok": True, "error": None}],
+        "queries": [args["query"]],
+        "retrieved_ids": [["p<1>"]],
+        "answers": ["x"],
+        "prediction": "x",
+    })
+    return records
+
+
+def _card(text: str, n: int) -> str:
+    return re.search(rf'<article class="card" id="t{n}".*?</article>', text, re.DOTALL).group(0)
+
+
+def test_tool_call_trajectories_show_calls_results_and_invalid_calls(tmp_path):
+    items = load_items(_write(tmp_path / "native.jsonl", _native_records()))
+    assert [it.call_format for it in items] == ["hermes", "hermes", "hermes"]
+    text = write_view(tmp_path / "native.jsonl").read_text(encoding="utf-8")
+    two, bad = _card(text, 1), _card(text, 2)
+    for card in (two, re.sub("<details>.*?</details>", "", bad, flags=re.DOTALL)):
+        # the template's role headers and special tokens are not shown, nor the call tags
+        assert "im_start" not in card and "im_end" not in card and "tool_call&gt;" not in card
+    # q-two: each call as its tool and pretty arguments, each result under its tool's name
+    assert two.count('<span class="tag tag-query">search</span>') == 2
+    assert '<span class="r-query">{\n  &quot;query&quot;: &quot;Quellbridge river&quot;\n}</span>' in two
+    assert '<span class="tag tag-query">calculate</span>' in two and "fmt-bad" not in two
+    results = re.findall(r'<span class="env-label">(\w+) result', two)
+    assert results == ["search", "search", "calculate"] and "<dd>search 2 · calculate 1</dd>" in two
+    assert '<span class="r-answer">Orrin Bay</span></div>' in two
+    assert '<div class="env-text">160</div>' in two and two.count(f'<span class="env-label">{ENV_LABEL}') == 2
+    assert '<div class="env-text">(1)Title: Quellbridge' in two
+    # q-bad: each invalid call marked from tool_calls[i].error, malformed ones with the turn as written
+    assert re.findall(r"invalid call: (\w+)", bad) == ["malformed", "unknown_tool", "bad_arguments"]
+    assert "<dd>malformed 1 · weather 1 · search 1; 3 invalid</dd>" in bad
+    assert "tool call 1: bad JSON" in bad and "<summary>the turn as written</summary>" in bad
+    assert re.findall(r'<span class="env-label">(\w+) result', bad) == ["error", "weather", "search"]
+
+
+def test_a_hostile_tool_call_is_escaped_and_its_control_characters_shown(tmp_path):
+    text = write_view(_write(tmp_path / "evil.jsonl", _native_records())).read_text(encoding="utf-8")
+    evil = _card(text, 3)
+    assert "<script>alert" not in text and "<img src=x" not in text and text.count("<script>") == 1
+    assert "</b>" not in evil and "\x1b" not in text and "\x00" not in text and "\x07" not in text
+    # the arguments as pretty JSON (json escapes the control character), the result escaped
+    assert "&lt;/b&gt;&lt;script&gt;alert(1)&lt;/script&gt; \\&quot;quoted\\&quot; \\u001b[31m" in evil
+    assert f'<div class="env-text">{html.escape(EVIL)} &quot;q&quot; \\x00\\x07</div>' in evil
+    assert "search result <span class=\"env-ids\">· ids: p&lt;1&gt;</span>" in evil
+    assert "im_start" not in evil and '<span class="r-answer">&lt;answer&gt;x&lt;/answer&gt;</span>' in evil
+    dom = _run_chromium(tmp_path, "--dump-dom", (tmp_path / "evil.html").resolve().as_uri())
+    assert 'data-js="ready"' in dom and "data-pwned" not in dom and dom.count("<script") == 1
+
+
+@pytest.mark.parametrize(
+    "block",
+    [  # two results, as the templates of tests/unit/data/chat_templates and hermes-fallback render them
+        "\n<|im_start|>tool\nA <b>\n2<|im_end|>\n<|im_start|>tool\nB<|im_end|>\n<|im_start|>assistant\n",
+        (
+            "\n<|im_start|>user\n<tool_response>\nA <b>\n2\n</tool_response>\n<tool_response>\nB\n</tool_response>"
+            "<|im_end|>\n<|im_start|>assistant\n"
+        ),
+        (
+            "<|start_header_id|>ipython<|end_header_id|>\n\nA <b>\n2<|eot_id|><|start_header_id|>ipython"
+            "<|end_header_id|>\n\nB<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+        ),
+    ],
+)
+def test_tool_results_are_read_without_the_templates_headers(block):
+    assert tool_results(block) == ["A <b>\n2", "B"]
+    assert tool_results("(1)Title: T Text: no headers") is None  # shown as written
+
+
+def test_llama_style_calls_are_read_by_their_call_format(tmp_path):
+    env = "<|start_header_id|>ipython<|end_header_id|>\n\nR<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+    record = {
+        "question": "q",
+        "segments": [
+            {"text": '{"name": "search", "parameters": {"query": "a"}}', "source": "policy"},
+            {"text": env, "source": "env"},
+            {"text": "b", "source": "policy"},
+        ],
+        "tool_calls": [{"name": "search", "arguments": {"query": "a"}, "ok": True, "error": None}],
+    }
+    (item,) = load_items(_write(tmp_path / "llama.jsonl", [record]))
+    assert item.call_format == "llama3-json"
+    text = write_view(tmp_path / "llama.jsonl").read_text(encoding="utf-8")
+    assert '<span class="tag tag-query">search</span>' in text and "search result</span>" in text
+    assert '<div class="env-text">R</div>' in text and "header_id" not in text

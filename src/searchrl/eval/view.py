@@ -8,6 +8,14 @@ too; their documents blocks are shown as inserted by the environment.
 Model output is untrusted text: every string goes through `html.escape` and the page's only markup
 is built here, so a trajectory that writes `<script>` shows it and never runs it.
 
+Tool-call trajectories (`protocol.format: tool-calls`: an environment block that is no documents
+block, or a policy turn with a `<tool_call>`) are shown turn by turn: each turn as its call format
+reads it (`searchrl.toolformat`: reasoning, text, each call's tool and pretty arguments, malformed
+calls with their reason and the turn as written), each call marked from the record's
+`tool_calls` (invalid, failed, or not run), each result block as the tools' results without the
+chat template's role headers and special tokens, and the calls counted per tool. Control
+characters in them are shown as `\\xNN`.
+
 A file that a running (or killed) `eval run` is writing ends in a torn line: the page shows the
 whole records and a warning says the tail was skipped. A numeric field that is not a number
 (`n_searches: "many"`, a NaN score) is shown as written, left out of the means and named in one
@@ -31,6 +39,8 @@ from searchrl.errors import DataError, DataWarning, listing
 from searchrl.eval.view_assets import CSS, JS
 from searchrl.metrics import answer_scores
 from searchrl.tags import TAG_PRESETS, get_tags, segments_from_text
+from searchrl.toolformat.parse import CALL_FORMATS, Turn
+from searchrl.tools.batch import INVALID
 
 ENV_LABEL = "inserted by the environment (not trained on)"
 
@@ -55,6 +65,8 @@ class ViewItem:
     format_ok: bool | None = None
     format_failed: list[str] = field(default_factory=list)
     bad: dict[str, object] = field(default_factory=dict)  # field -> value as written, when not a valid number
+    tool_calls: list[dict] = field(default_factory=list)  # {name, arguments, ok, error} per call
+    call_format: str | None = None  # tool-call trajectories: the call format; None: tags
 
     @property
     def correct(self) -> bool | None:
@@ -95,6 +107,28 @@ def _segments(rec: dict, where: str) -> list[Segment]:
             )
         out.append(Segment(s["text"], s["source"]))
     return out
+
+
+def _tool_calls(value, where: str) -> list[dict]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(c, dict) for c in value):
+        raise DataError(f"{where}: `tool_calls` must be a list of {{name, arguments, ok, error}} objects")
+    return value
+
+
+def _call_format(segments: Sequence[Segment]) -> str | None:
+    """The call format of a tool-call trajectory (see the module docstring), None for tags:
+    Llama's when its results come in `ipython` turns, else Hermes'."""
+    env = [s.text for s in segments if s.source == "env"]
+    docs = [get_tags(name).docs_open for name in TAG_PRESETS.names()]
+    if env:
+        native = not any(d in text for text in env for d in docs)
+    else:
+        native = any(s.source == "policy" and "<tool_call>" in s.text for s in segments)
+    if not native:
+        return None
+    return "llama3-json" if any("<|start_header_id|>ipython" in text for text in env) else "hermes"
 
 
 def _str_list(value, name: str, where: str) -> list[str]:
@@ -142,11 +176,12 @@ def _item(rec: dict, line: int, where: str) -> ViewItem:
     if n_searches is None:
         bad["n_searches"] = rec["n_searches"]
     failed = rec.get("format_failed") or []
+    segments = _segments(rec, where)
     return ViewItem(
         line=line,
         question_id=str(rec.get("question_id", rec.get("id", f"line {line}"))),
         question=str(rec.get("question", "")),
-        segments=_segments(rec, where),
+        segments=segments,
         answers=answers,
         prediction=prediction,
         method=None if rec.get("method") is None else str(rec["method"]),
@@ -159,6 +194,8 @@ def _item(rec: dict, line: int, where: str) -> ViewItem:
         format_ok=rec.get("format_ok") if isinstance(rec.get("format_ok"), bool) else None,
         format_failed=[str(f) for f in failed] if isinstance(failed, list) else [str(failed)],
         bad=bad,
+        tool_calls=_tool_calls(rec.get("tool_calls"), where),
+        call_format=_call_format(segments),
     )
 
 
@@ -308,10 +345,122 @@ def _starts_in_think(segments: Sequence[Segment]) -> bool:
     return first is not None and _ROLES[first.group(0)] == ("think", "close")
 
 
+# Tool-result blocks: a chat template's role headers (ChatML `<|im_start|>tool\n`, Llama 3's
+# `<|start_header_id|>ipython<|end_header_id|>\n\n`), the end of a turn, Qwen's result tags.
+_RESULT_HEADER = re.compile(r"<\|im_start\|>(\w+)\n|<\|start_header_id\|>(\w+)<\|end_header_id\|>\n\n")
+_END_OF_TURN = re.compile(r"<\|(?:im_end|eot_id|eom_id)\|>")
+_RESPONSE = re.compile(r"<tool_response>\n?(.*?)\n?</tool_response>", re.DOTALL)
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def tool_results(text: str) -> list[str] | None:
+    """The results a tool-result block holds, without role headers and special tokens; None
+    when it has no header of these templates (it is then shown as written)."""
+    heads = list(_RESULT_HEADER.finditer(text))
+    if not heads:
+        return None
+    out: list[str] = []
+    for head, end in zip(heads, [h.start() for h in heads[1:]] + [len(text)]):
+        if (head.group(1) or head.group(2)) == "assistant":
+            continue  # the next generation prompt
+        body = _END_OF_TURN.split(text[head.end() : end], maxsplit=1)[0]
+        out += _RESPONSE.findall(body) or [body]
+    return out
+
+
+def _ev(value: object) -> str:
+    """Escaped, with control characters made visible."""
+    return _e(_CONTROL.sub(lambda m: f"\\x{ord(m.group(0)):02x}", str(value)))
+
+
+def _call_status(record: dict | None) -> str:
+    if record is None:
+        return ' <span class="pill">not run</span>'
+    error = record.get("error")
+    if error in INVALID:
+        return f' <span class="pill fmt-bad">invalid call: {_ev(error)}</span>'
+    if error is not None or record.get("ok") is False:
+        return f' <span class="pill fmt-bad">failed: {_ev(error or "not ok")}</span>'
+    return ""
+
+
+def _render_turn(turn: Turn, records: Sequence[dict | None]) -> str:
+    """One policy turn of a tool-call trajectory: reasoning, text, calls (then malformed ones,
+    the order the engine records them in), each with the status of its record."""
+    parts = [f'<span class="r-think">{_ev(turn.reasoning)}</span>\n'] if turn.reasoning else []
+    if turn.final_text:  # the final message is the answer
+        text = _ev(turn.final_text)
+        parts.append(f'<span class="r-answer">{text}</span>' if turn.is_final else text)
+    attempts = [(c.name, json.dumps(c.arguments, indent=2, ensure_ascii=False)) for c in turn.calls]
+    attempts += [(None, reason) for reason in turn.malformed]
+    for (name, body), record in zip(attempts, records):
+        label = "malformed call" if name is None else name
+        parts.append(
+            f'<div class="call"><span class="tag tag-query">{_ev(label)}</span>{_call_status(record)}'
+            f'\n<span class="r-query">{_ev(body)}</span></div>'
+        )
+    if turn.malformed:
+        parts.append(f'<details><summary>the turn as written</summary>{_ev(turn.text)}</details>')
+    return "".join(parts)
+
+
+def _render_results(text: str, records: Sequence[dict | None], ids: Sequence[list[str] | None]) -> str:
+    """One tool-result block: each result under its tool's name (from the calls' records)."""
+    results = tool_results(text)
+    label = f'<span class="env-label">{_e(ENV_LABEL)}</span>'
+    if results is None:
+        return f'<div class="env">{label}<div class="env-text">{_ev(text)}</div></div>'
+    named = len(results) == len(records)
+    parts = []
+    for k, result in enumerate(results):
+        record = records[k] if named else None
+        name = (record.get("name") or "error") if record else "tool"
+        found = ""
+        if named and ids[k] is not None:
+            found = f' <span class="env-ids">· ids: {_ev(", ".join(ids[k]) or "none")}</span>'
+        parts.append(f'<div class="result"><span class="env-label">{_ev(name)} result{found}</span>'
+                     f'<div class="env-text">{_ev(result)}</div></div>')
+    return f'<div class="env">{label}{"".join(parts)}</div>'
+
+
+def render_tool_response(item: ViewItem) -> str:
+    """A tool-call trajectory turn by turn (module docstring). A turn followed by a result block
+    was served: its calls take the next entries of `tool_calls`; one without (the rollout
+    stopped there) ran none."""
+    fmt = CALL_FORMATS.get(item.call_format)()
+    records, passages = iter(item.tool_calls), iter(item.retrieved_ids)
+    parts, served = [], []
+    for i, seg in enumerate(item.segments):
+        if seg.source == "env":
+            ids = [next(passages, None) if r and r.get("name") == "search" and r.get("ok") else None for r in served]
+            parts.append(_render_results(seg.text, served, ids))
+            continue
+        turn = fmt.parse(seg.text)
+        n = len(turn.calls) + len(turn.malformed)
+        answered = i + 1 < len(item.segments) and item.segments[i + 1].source == "env"
+        served = [next(records, None) for _ in range(n)] if answered else [None] * n
+        parts.append(_render_turn(turn, served))
+    return f'<div class="response">{"".join(parts)}</div>'
+
+
+def _calls_summary(calls: Sequence[dict]) -> str:
+    """The record's calls counted per tool, and how many were invalid or failed."""
+    counts: dict[str, int] = {}
+    for c in calls:
+        name = str(c.get("name") or "malformed")
+        counts[name] = counts.get(name, 0) + 1
+    out = " · ".join(f"{name} {n}" for name, n in counts.items())
+    invalid = sum(c.get("error") in INVALID for c in calls)
+    failed = sum(c.get("ok") is False for c in calls) - invalid
+    return out + (f"; {invalid} invalid" if invalid else "") + (f"; {failed} failed" if failed else "")
+
+
 def render_response(item: ViewItem) -> str:
     """The response in order: policy text with tags and regions marked, env text in its own box."""
     if not item.segments:
         return '<div class="response"><span class="empty">(no response recorded)</span></div>'
+    if item.call_format is not None:
+        return render_tool_response(item)
     region = "think" if _starts_in_think(item.segments) else None
     env_ids = (
         item.retrieved_ids
@@ -379,6 +528,8 @@ def render_card(item: ViewItem, index: int) -> str:
         facts.append(
             ("reward", " · ".join(f"{k} {_fmt(v)}" for k, v in _flatten(item.reward).items()))
         )
+    if item.call_format is not None:
+        facts.append(("tool calls", _calls_summary(item.tool_calls) if item.tool_calls else "none"))
     if item.bad:
         facts.append(("not numbers", " · ".join(f"{k} {_raw(v)}" for k, v in item.bad.items())))
     dl = "".join(
@@ -388,12 +539,13 @@ def render_card(item: ViewItem, index: int) -> str:
     searches = ""
     if item.queries:
         rows = []
+        esc = _e if item.call_format is None else _ev  # tool calls: control characters shown
         for i, q in enumerate(item.queries):
             ids = item.retrieved_ids[i] if i < len(item.retrieved_ids) else []
             codes = (
                 "".join(f"<code>{_e(x)}</code>" for x in ids) or '<span class="empty">no ids</span>'
             )
-            rows.append(f'<li><span class="query">{_e(q)}</span> → {codes}</li>')
+            rows.append(f'<li><span class="query">{esc(q)}</span> → {codes}</li>')
         searches = f'<ol class="searches">{"".join(rows)}</ol>'
     return (
         f'<article class="card" id="t{index}" data-correct="{correct}" '

@@ -12,15 +12,24 @@ correct search trajectories), run by the trainer for a stage with `kind: sft` in
 
 A stage's examples are its questions that have a gold path (`gold_examples`, found once before
 training); the sampler draws `prompts_per_step` of them a step, in the seeded order RL uses.
+
+With tool calls (`protocol.format: tool-calls`) the examples are chat conversations too: the run
+writes them to `sft_messages.jsonl` (`write_messages`, one `{"id", "messages"}` a line, the shape
+Hugging Face datasets use for tool calling), to train other trainers on the same data.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import time
+from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from searchrl.data.textio import iter_json_lines
 from searchrl.data.types import Question
 from searchrl.errors import SearchRLError
 from searchrl.retrieval.base import Retriever
@@ -30,7 +39,10 @@ from searchrl.rl.config import StageConfig
 from searchrl.rl.rollout_worker import RolloutWorker
 from searchrl.rl.step import StepIndex
 from searchrl.rollout.config import RolloutConfig
-from searchrl.rollout.gold import GoldPath, gold_paths, gold_trajectories
+from searchrl.rollout.engine import RolloutEngine
+from searchrl.rollout.gold import GoldPath, gold_messages, gold_paths, gold_trajectories
+
+MESSAGES_FILE = "sft_messages.jsonl"
 
 
 def gold_examples(
@@ -50,6 +62,30 @@ def gold_examples(
             f"{rollout.max_searches} of them); use a dataset with supporting ids (e.g. toyworld:train)"
         )
     return kept
+
+
+def write_messages(
+    run_dir: Path, engine: RolloutEngine, examples: Sequence[GoldPath]
+) -> Path | None:
+    """The examples' conversations in `run_dir/sft_messages.jsonl` (module docstring), with the
+    results as the engine's search tool writes them; None for the tag protocol (no chat
+    messages) and for a run without SFT stages. Examples the file already holds (a resumed run's
+    earlier stage) are kept."""
+    if not engine.native or not examples:
+        return None
+    path = run_dir / MESSAGES_FILE
+    records = {rec["id"]: rec for _, rec in iter_json_lines(path)} if path.is_file() else {}
+    for p in examples:
+        records.setdefault(
+            p.question.id, {"id": p.question.id, "messages": gold_messages(engine, p)}
+        )
+    tmp = path.with_name(f".{MESSAGES_FILE}.tmp")
+    tmp.write_text(
+        "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records.values()),
+        encoding="utf-8",
+    )
+    os.replace(tmp, path)
+    return path
 
 
 def sft_step(

@@ -32,7 +32,7 @@ from searchrl.rl.health import HealthStop, HealthWatch, report
 from searchrl.rl.preflight import preflight
 from searchrl.rl.rollout_worker import RolloutWorker
 from searchrl.rl.sampler import PromptSampler
-from searchrl.rl.sft import sft_step
+from searchrl.rl.sft import sft_step, write_messages
 from searchrl.rl.step import StepIndex, train_step
 from searchrl.runlock import RunLock
 from searchrl.runlog import ROLLBACKS_FILE, RunLogger, read_events, read_metrics
@@ -130,6 +130,9 @@ def _train(cfg: TrainConfig, resume: Path | None, stages: list[int] | None, d: D
     if state is not None:
         ckpt.set_rng_state(ckpt.load_rng(state_dir, state, d.rank))
     worker = RolloutWorker.create(actor, prepared.retriever, prepared.protocol)
+    if d.main:  # tool calls: the SFT examples as chat messages, for other trainers
+        sft = [p for s in plan[first:] if cfg.stage(s).kind == "sft" for p in prepared.questions[s]]
+        write_messages(run_dir, worker.engine, sft)
     logger = RunLogger(run_dir, cfg.logging.tensorboard, purge_step=state.step + 1 if state else None,
                        echo=cfg.logging.progress) if d.main else None
     metrics_lines = state.metrics_lines if state else 0

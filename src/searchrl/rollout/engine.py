@@ -393,21 +393,46 @@ class RolloutEngine:
         r.env_texts.append(seen)
         return ids
 
-    def written(self, question: Question, prompt_ids: Sequence[int], texts: Sequence[str],
+    def written(self, question: Question, prompt_ids: Sequence[int], texts: Sequence[str] | Sequence[Message],
                 searches: Sequence[tuple[str, Sequence[Passage]]]) -> Trajectory:
         """The trajectory this engine records when the policy writes `texts[0]` (ending with a
         query), the environment answers `searches[0]` = (query, passages), the policy writes
         `texts[1]`, ... and `texts[-1]` ends with the answer tag: each text tokenized on its own
-        (as a scripted policy's would be), log-probs 0. Gold trajectories for SFT are built so."""
-        if len(texts) != len(searches) + 1 or not texts[-1].endswith(self.tags.answer_close):
-            raise ValueError("give one text more than searches, the last ending with the answer tag")
+        (as a scripted policy's would be), log-probs 0. Gold trajectories for SFT are built so.
+
+        Tool calls: `texts` are the conversation after the prompt's messages, an assistant
+        message with one call and its tool message per search, then the final assistant
+        message; each turn's ids are what a policy samples for it (`selftest.sampled_ids`), each
+        result block the template's observation ids (loss mask 0), as `_observe` appends them."""
         r = _Rollout(question, list(prompt_ids), self.cfg.max_new_tokens, stop_reason="answer")
-        for i, text in enumerate(texts):
-            r.add("policy", self.backend.encode(text))
-            if i < len(searches):
-                query, passages = searches[i]
-                r.record([(ToolCall("search", {"query": query}), Observation("", passages=list(passages)))])
-                self._insert(r, passages)
+        if not self.native:
+            if len(texts) != len(searches) + 1 or not texts[-1].endswith(self.tags.answer_close):
+                raise ValueError("give one text more than searches, the last ending with the answer tag")
+            for i, text in enumerate(texts):
+                r.add("policy", self.backend.encode(text))
+                if i < len(searches):
+                    query, passages = searches[i]
+                    r.record([(ToolCall("search", {"query": query}), Observation("", passages=list(passages)))])
+                    self._insert(r, passages)
+            return self._trajectory(r)
+        if len(texts) != 2 * len(searches) + 1 or any(len(m.get("tool_calls") or []) != 1 for m in texts[:-1:2]):
+            raise ValueError("give an assistant message with one call and its tool message per search, then the answer")
+        from searchrl.toolformat.selftest import sampled_ids
+
+        chat = self.protocol.chat
+        history = self.protocol.messages(question.question)
+        for i, assistant in enumerate(texts[::2]):
+            sampled = sampled_ids(chat, history, assistant)
+            r.add("policy", sampled)
+            if i == len(searches):
+                break
+            tool = texts[2 * i + 1]
+            call = assistant["tool_calls"][0]["function"]
+            r.record([(ToolCall(call["name"], call["arguments"]), Observation(tool["content"], passages=list(searches[i][1])))])
+            ids = chat.observation_ids(history, sampled, [tool])
+            r.add("env", ids)
+            r.env_texts.append(self.backend.decode(ids))
+            history += [chat.assistant_message(chat.parse_ids(sampled)), tool]
         return self._trajectory(r)
 
     def _trajectory(self, r: _Rollout) -> Trajectory:

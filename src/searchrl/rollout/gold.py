@@ -20,12 +20,20 @@ The policy's text is a fixed template around the queries:
     <search>Q2</search>  [documents]  So the answer is A.</think>
 
     <answer>A</answer>
+
+With tool calls (`protocol.format: tool-calls`) the path is a chat conversation
+(`GoldPath.messages`, the shape Hugging Face datasets use for tool calling): the protocol's own
+messages (system prompt, worked examples, question), then per hop an assistant turn "First I
+search for Q1." with one `search` call and the tool's result (the search tool's text of the
+passages), then the answer alone. Its trajectory is the template's rendering, turn by turn, as
+the engine records a rollout: each turn the ids a policy samples for it, each result block the
+template's observation ids (loss mask 0).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from searchrl.data.trajectory import Trajectory
@@ -33,7 +41,9 @@ from searchrl.data.types import Passage, Question
 from searchrl.errors import SearchRLError
 from searchrl.retrieval.base import Retriever
 from searchrl.rollout.engine import RolloutEngine
-from searchrl.tags import TagSet
+from searchrl.tags import TagSet, format_passages
+from searchrl.toolformat.chat import Message, NativeChat
+from searchrl.toolformat.protocol import NativeProtocol
 
 # Question words that say nothing about what a passage holds.
 _STOPWORDS = frozenset(
@@ -75,6 +85,25 @@ class GoldPath:
         return out + [
             f"So the answer is {answer}.{tags.think_close}\n\n{tags.answer_open}{answer}{tags.answer_close}"
         ]
+
+    def messages(
+        self,
+        protocol: NativeProtocol,
+        observe: Callable[[Sequence[Passage]], str] = format_passages,
+    ) -> list[Message]:
+        """The path as chat messages (module docstring), from `protocol.messages(question)`;
+        `observe`: the search tool's text of a search's passages."""
+        out = protocol.messages(self.question.question)
+        for i, (query, passages) in enumerate(self.searches):
+            call = {
+                "type": "function",
+                "function": {"name": "search", "arguments": {"query": query}},
+            }
+            thought = f"{'Next' if i else 'First'} I search for {query}."
+            out.append({"role": "assistant", "content": thought, "tool_calls": [call]})
+            out.append(NativeChat.tool_message("search", observe(passages)))
+        out.append({"role": "assistant", "content": self.question.answers[0]})
+        return out
 
 
 def support_passages(retriever: Retriever, ids: set[str]) -> dict[str, Passage]:
@@ -122,19 +151,30 @@ def gold_paths(
     return paths
 
 
+def gold_messages(engine: RolloutEngine, path: GoldPath) -> list[Message]:
+    """A path's conversation with the results in the text of the engine's search tool."""
+    search = engine.tools.get("search")
+    if search is None:
+        raise SearchRLError(
+            f"a kind: sft stage trains on gold searches, but the run's tools ({', '.join(engine.tools)}) "
+            "have no search; add it (tools: [search, ...])"
+        )
+    return path.messages(engine.protocol, search.context.format_passages)
+
+
 def gold_trajectories(engine: RolloutEngine, paths: Sequence[GoldPath]) -> list[Trajectory]:
-    """The gold paths as the engine records rollouts (policy tokens mask 1, documents mask 0).
-    A path longer than the engine's policy-token budget is refused: a rollout would be cut there."""
+    """The gold paths as the engine records rollouts (policy tokens mask 1, documents or tool
+    results mask 0). A path longer than the engine's policy-token budget is refused: a rollout
+    would be cut there."""
     prompt_ids = engine.prompt_ids([p.question for p in paths])
     protocol = engine.protocol
     out = []
     for path, ids in zip(paths, prompt_ids):
-        traj = engine.written(
-            path.question,
-            ids,
-            path.texts(protocol.tags, protocol.think_opened_in_prompt),
-            path.searches,
-        )
+        if engine.native:  # the turns after the prompt's messages
+            turns = gold_messages(engine, path)[len(protocol.messages(path.question.question)) :]
+        else:
+            turns = path.texts(protocol.tags, protocol.think_opened_in_prompt)
+        traj = engine.written(path.question, ids, turns, path.searches)
         written = sum(traj.loss_mask)
         if written > engine.cfg.max_new_tokens:
             raise SearchRLError(
