@@ -155,9 +155,11 @@ def test_the_demo_recipes_rewards_are_the_old_floats(path):
 
 
 SHIPPED = sorted((ROOT / "configs").glob("*.yaml")) + sorted((ROOT / "src" / "searchrl" / "configs").glob("*.yaml"))
+# The recipes that set no optional term: a run of one saved before reward terms loads as it did.
+WITHOUT_TERMS = [p for p in SHIPPED if "terms:" not in p.read_text()]
 
 
-@pytest.mark.parametrize("path", SHIPPED, ids=[f"{p.parent.name}/{p.name}" for p in SHIPPED])
+@pytest.mark.parametrize("path", WITHOUT_TERMS, ids=[f"{p.parent.name}/{p.name}" for p in WITHOUT_TERMS])
 def test_saved_configs_from_before_terms_still_load(path, tmp_path):
     cfg = load_config(TrainConfig, path)
     dump_config(cfg, tmp_path / "config.yaml")
