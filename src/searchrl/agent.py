@@ -55,7 +55,6 @@ class AgentConfig(StrictModel):
         default_factory=RetrievalConfig, description="Index, retrieval server or web search the rollouts query."
     )
 
-
     @model_validator(mode="after")
     def _tools_of_format(self) -> AgentConfig:
         if self.protocol.format == "tags" and self.tools != ["search"]:

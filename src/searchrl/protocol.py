@@ -1,5 +1,5 @@
 """The protocol a run speaks: how the model's text maps to tool calls and how results go back
-(README "The protocol", "Tools"). Configured by `ProtocolConfig`; `searchrl.agent.build_protocol`
+(README "Tools"). Configured by `ProtocolConfig`; `searchrl.agent.build_protocol`
 builds one of two kinds, which the rollout engine, rewards and evaluation read alike (a prompt,
 stop strings, `read_turn`, `answer`):
 

@@ -214,19 +214,24 @@ def check_format(
     """The format check of a trajectory under its protocol (a `TagSet`: the tag protocol of those
     tags); the question decides whether CJK text is foreign. `think_opened_in_prompt`: None for
     the protocol's (a bare `TagSet`: opened)."""
+    protocol = _protocol(protocol)
     if isinstance(protocol, NativeProtocol):
         return check_turns(traj, protocol, max_answer_words=max_answer_words)
-    tags = protocol if isinstance(protocol, TagSet) else protocol.tags
     if think_opened_in_prompt is None:
-        think_opened_in_prompt = True if isinstance(protocol, TagSet) else protocol.think_opened_in_prompt
+        think_opened_in_prompt = protocol.think_opened_in_prompt
     return check_segments(
         traj.segments,
-        tags,
+        protocol.tags,
         question=traj.question,
         think_opened_in_prompt=think_opened_in_prompt,
         max_answer_words=max_answer_words,
         require_think=require_think,
     )
+
+
+def _protocol(protocol: Protocol | NativeProtocol | TagSet) -> Protocol | NativeProtocol:
+    """A bare `TagSet` as the tag protocol of those tags (its prompts open the think block)."""
+    return Protocol(protocol) if isinstance(protocol, TagSet) else protocol
 
 
 def check_turns(traj: Trajectory, protocol: NativeProtocol, *, max_answer_words: int | None = None) -> FormatVerdict:
@@ -410,6 +415,7 @@ def compute_reward(
     >>> r.total, r.terms["tool_cost"]
     (1.5, -0.5)
     """
+    protocol = _protocol(protocol)
     verdict = check_format(
         traj,
         protocol,
@@ -417,8 +423,6 @@ def compute_reward(
         max_answer_words=cfg.max_answer_words,
         require_think=cfg.require_think,
     )
-    if isinstance(protocol, TagSet):
-        protocol = Protocol(protocol)
     prediction = traj.answer if traj.answer is not None else protocol.answer(traj.segments)
     x = RewardInput(golds, traj, verdict, prediction)
     parts = {name: weight * float(REWARD_TERMS.get(name)(x, **params)) for name, weight, params in cfg.stage_terms()}

@@ -7,15 +7,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from searchrl.agent import build_protocol
 from searchrl.data.types import Question
 from searchrl.errors import SearchRLError
-from searchrl.agent import build_protocol
 from searchrl.protocol import Protocol
-from searchrl.toolformat.protocol import NativeProtocol
 from searchrl.retrieval.base import Retriever
 from searchrl.rl.config import TrainConfig
 from searchrl.rl.sft import gold_examples
 from searchrl.rollout.bounds import check_rollout_fits, model_context
+from searchrl.toolformat.protocol import NativeProtocol
 
 
 @dataclass(frozen=True)

@@ -180,7 +180,7 @@ def token_sums(batch: RolloutBatch) -> torch.Tensor:  # -> [B, len(_SUMS)] float
 
 
 def record(at: StepIndex, scored: Scored, sums: torch.Tensor, stats: UpdateStats, have_old: bool, has_ref: bool,
-           timing: Timing, tools: Sequence[str] = ("search",)) -> dict:
+           timing: Timing, tools: Sequence[str]) -> dict:
     """The step's line of metrics.jsonl from every rollout of the step (`sums`: their
     `token_sums`); `have_old`: the old log-probs were computed; `has_ref`: a reference ran;
     `tools`: the run's (each gets its `tools/<name>/...` metrics)."""

@@ -1,21 +1,25 @@
-"""The search-interleaved rollout loop (SPEC §2), written against `GenerationBackend` and
-`Retriever` only.
+"""The rollout loop: the policy writes, the tools answer (README "Tools"), written against
+`GenerationBackend`, the protocol and the run's tools only.
 
 One batch of rollouts advances in rounds:
 
-1. every active sequence generates until the end-of-query tag, `</answer>`, EOS, its budget, or
-   (completion templates) a new "User:" line, where it has ended its turn (`turn_end`);
-2. a sequence that stopped on end-of-query has its query read from the policy text written since
-   the last insertion (empty -> the rollout ends, `empty_query`; searches used up -> it ends,
-   `max_searches`, the query unserved);
-3. ALL sequences that paused for search are served by ONE `retriever.search(queries, k)` call;
-4. each documents block is tokenized on its own and appended as token ids (loss mask 0), and the
-   round repeats for the sequences still active.
+1. every active sequence generates until one of the protocol's stop strings (tags: the
+   end-of-query tag, `</answer>`, a new "User:" line of completion templates; tool calls: the
+   template's end-of-turn token), EOS or its budget;
+2. the protocol reads the turn written since the last insertion (`read_turn`): the rollout ends
+   (an answer, EOS, `empty_query`), or it made calls (tags: one `search` of the query);
+3. calls over their tool's budget are refused (tags: the rollout ends, `max_searches`, unserved;
+   tool calls: an error result, and a second such turn ends it); malformed calls get an error
+   result; then ALL calls of the round, of every sequence, run batched per tool (one
+   `retriever.search(queries, k)` for all searches: `searchrl.tools.batch.run_calls`);
+4. each sequence's results are appended as token ids (loss mask 0), and the round repeats for
+   the sequences still active. Tags: the documents block, tokenized on its own; tool calls: the
+   template's tool-result messages (`NativeChat.observation_ids`).
 
 With `round_quorum` < 1 a round closes once that share of its sequences has stopped: a backend
 with continuous batching (vLLM) keeps the others generating ("pending") while the stopped ones
 are served and resubmitted, so the long tail of a round does not leave the batch near empty.
-Each round still makes at most one retrieval call, for the sequences that paused in it.
+Each round still calls each tool at most once, for the sequences that paused in it.
 
 Tokens are recorded exactly as sampled or inserted. The documents block starts with a blank line,
 so tokenizing it standalone splits no token with the policy text before it; its ids decode back to
@@ -32,6 +36,8 @@ them are kept as a prefix of their tokens, i.e. whole passages while they fit an
 cut at a token boundary (never inside a character). The trajectory counts its cut blocks
 (`truncated_documents`). When not even the two tags fit, the query is not served and the
 rollout stops with `context_full`. A block that fits is inserted exactly as without a limit.
+Tool-call results that do not fit are shortened alike (each result's text cut to one length and
+marked), counted the same way; when not even empty results fit, the rollout stops there.
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ from searchrl.tags import TagSet
 from searchrl.toolformat.chat import Message
 from searchrl.toolformat.protocol import NativeProtocol
 from searchrl.tools.base import Observation, Tool, ToolCall
-from searchrl.tools.batch import refused, run_calls
+from searchrl.tools.batch import run_calls
 from searchrl.tools.context import ToolContext
 from searchrl.tools.search import Search
 
@@ -310,11 +316,11 @@ class RolloutEngine:
             budget = self.cfg.tool_budget(call.name)
             if r.used.get(call.name, 0) >= budget:
                 what = f"a search (at most {budget})" if call.name == "search" else f"a {call.name} call (at most {budget})"
-                attempts.append((call, refused(f"no budget left for {what}; answer with what you have", "budget")))
+                attempts.append((call, Observation.refused(f"no budget left for {what}; answer with what you have", "budget")))
             else:
                 r.used[call.name] = r.used.get(call.name, 0) + 1
                 attempts.append((call, call))
-        attempts += [(None, refused(reason, "malformed")) for reason in read.malformed]
+        attempts += [(None, Observation.refused(reason, "malformed")) for reason in read.malformed]
         if all(isinstance(a[1], Observation) and a[1].error == "budget" for a in attempts):
             # Tags end here, unserved (the paper's rule); a tool-call model reads that its budget
             # is spent, once, and may still answer.
@@ -373,10 +379,15 @@ class RolloutEngine:
                     return None
                 most = max(0, min(most - 1, int(most * room / len(ids))))
                 messages, ids = render([t if len(t) <= most else t[:most] + " [cut]" for t in texts])
+        self._add_results(r, read.turn, messages, ids)
+        return ids
+
+    def _add_results(self, r: _Rollout, turn, messages: list[Message], ids: list[int]) -> None:
+        """Append a tool-call turn's result block (`ids`, loss mask 0) and extend the
+        conversation with the turn and its result `messages`."""
         r.add("env", ids)
         r.env_texts.append(self.backend.decode(ids))
-        r.messages += [chat.assistant_message(read.turn), *messages]
-        return ids
+        r.messages += [self.protocol.chat.assistant_message(turn), *messages]
 
     def _tags_length(self) -> int:
         """Tokens of the smallest documents block a cut can leave: its opening and closing parts."""
@@ -420,19 +431,16 @@ class RolloutEngine:
         from searchrl.toolformat.selftest import sampled_ids
 
         chat = self.protocol.chat
-        history = self.protocol.messages(question.question)
+        r.messages = self.protocol.messages(question.question)
         for i, assistant in enumerate(texts[::2]):
-            sampled = sampled_ids(chat, history, assistant)
+            sampled = sampled_ids(chat, r.messages, assistant)
             r.add("policy", sampled)
             if i == len(searches):
                 break
             tool = texts[2 * i + 1]
             call = assistant["tool_calls"][0]["function"]
             r.record([(ToolCall(call["name"], call["arguments"]), Observation(tool["content"], passages=list(searches[i][1])))])
-            ids = chat.observation_ids(history, sampled, [tool])
-            r.add("env", ids)
-            r.env_texts.append(self.backend.decode(ids))
-            history += [chat.assistant_message(chat.parse_ids(sampled)), tool]
+            self._add_results(r, chat.parse_ids(sampled), [tool], chat.observation_ids(r.messages, sampled, [tool]))
         return self._trajectory(r)
 
     def _trajectory(self, r: _Rollout) -> Trajectory:

@@ -44,6 +44,7 @@ from searchrl.rollout.engine import RolloutEngine
 from searchrl.tags import TagSet, format_passages
 from searchrl.toolformat.chat import Message, NativeChat
 from searchrl.toolformat.protocol import NativeProtocol
+from searchrl.tools.base import ToolCall
 
 # Question words that say nothing about what a passage holds.
 _STOPWORDS = frozenset(
@@ -95,12 +96,8 @@ class GoldPath:
         `observe`: the search tool's text of a search's passages."""
         out = protocol.messages(self.question.question)
         for i, (query, passages) in enumerate(self.searches):
-            call = {
-                "type": "function",
-                "function": {"name": "search", "arguments": {"query": query}},
-            }
             thought = f"{'Next' if i else 'First'} I search for {query}."
-            out.append({"role": "assistant", "content": thought, "tool_calls": [call]})
+            out.append(NativeChat.call_message(thought, [ToolCall("search", {"query": query})]))
             out.append(NativeChat.tool_message("search", observe(passages)))
         out.append({"role": "assistant", "content": self.question.answers[0]})
         return out

@@ -32,6 +32,7 @@ from typing import Any
 
 from searchrl.errors import SearchRLError
 from searchrl.toolformat.parse import CALL_FORMATS, Turn, detect_format
+from searchrl.tools.base import ToolCall
 
 Message = dict[str, Any]
 
@@ -171,11 +172,16 @@ class NativeChat:
             if turn.reasoning
             else turn.final_text
         )
+        return self.call_message(content, turn.calls)
+
+    @staticmethod
+    def call_message(content: str, calls: Sequence[ToolCall] = ()) -> Message:
+        """An assistant message with `calls` in the shape chat templates (and HF datasets) take."""
         message: Message = {"role": "assistant", "content": content}
-        if turn.calls:
+        if calls:
             message["tool_calls"] = [
                 {"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                for c in turn.calls
+                for c in calls
             ]
         return message
 

@@ -31,6 +31,7 @@ from searchrl.protocol import NATIVE_TEMPLATES, TurnRead
 from searchrl.tags import format_passages
 from searchrl.toolformat.chat import Message, NativeChat
 from searchrl.toolformat.selftest import sampled_ids
+from searchrl.tools.base import ToolCall
 
 INSTRUCTION = (
     "Answer the user's question. Use the tools to look facts up: search with a short query, read "
@@ -50,8 +51,7 @@ def example_conversation(question: str, steps: list[tuple]) -> list[Message]:
         if step[0] == "think":
             thought = step[1].strip()
         elif step[0] == "query":
-            call = {"type": "function", "function": {"name": "search", "arguments": {"query": step[1]}}}
-            messages.append({"role": "assistant", "content": thought, "tool_calls": [call]})
+            messages.append(NativeChat.call_message(thought, [ToolCall("search", {"query": step[1]})]))
             messages.append(NativeChat.tool_message("search", format_passages(step[2])))
         else:
             messages.append({"role": "assistant", "content": step[2]})
@@ -117,8 +117,8 @@ class NativeProtocol:
     def _probe(self) -> tuple[list[Message], list[int]]:
         """A canned conversation up to a sampled call turn: what observations are measured on."""
         history: list[Message] = [{"role": "user", "content": "ping"}]
-        call = {"type": "function", "function": {"name": "search", "arguments": {"query": "ping"}}}
-        return history, sampled_ids(self.chat, history, {"role": "assistant", "content": "", "tool_calls": [call]})
+        call = self.chat.call_message("", [ToolCall("search", {"query": "ping"})])
+        return history, sampled_ids(self.chat, history, call)
 
     @cached_property
     def observation_overhead(self) -> int:

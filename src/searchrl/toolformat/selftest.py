@@ -48,18 +48,7 @@ def canned_turns(chat: NativeChat) -> list[Message]:
     turns = []
     for i, call in enumerate(calls):
         content = f"<think>\nStep {i + 1}: look it up.\n</think>\n\n" if think else ""
-        turns.append(
-            {
-                "role": "assistant",
-                "content": content,
-                "tool_calls": [
-                    {
-                        "type": "function",
-                        "function": {"name": call.name, "arguments": call.arguments},
-                    }
-                ],
-            }
-        )
+        turns.append(chat.call_message(content, [call]))
     answer = "<think>\nFound it.\n</think>\n\n" if think else ""
     turns.append({"role": "assistant", "content": answer + "Florence was founded in 59 BC."})
     return turns

@@ -39,6 +39,11 @@ class Observation:
     cost: float = 0.0  # provider cost units (web search calls, pages fetched)
     error: str | None = None  # a short machine-readable kind: "bad_arguments", "refused", ...
 
+    @classmethod
+    def refused(cls, text: str, error: str) -> Observation:
+        """A call that failed: `text` says why to the model, `error` is its kind."""
+        return cls(text, ok=False, error=error)
+
 
 class Tool(ABC):
     """A tool the policy may call. Subclasses set the three class attributes and `call`."""

@@ -21,10 +21,6 @@ from searchrl.tools.schema import check_arguments
 INVALID = ("malformed", "unknown_tool", "bad_arguments")
 
 
-def refused(text: str, error: str) -> Observation:
-    return Observation(text, ok=False, error=error)
-
-
 def run_calls(tools: Mapping[str, Tool], calls: Sequence[ToolCall | Observation]) -> list[Observation]:
     """One observation per entry of `calls`, in order: an `Observation` given in place of a call
     (a refusal the engine decided, e.g. a spent budget or a malformed call) is passed through;
@@ -35,9 +31,9 @@ def run_calls(tools: Mapping[str, Tool], calls: Sequence[ToolCall | Observation]
         if isinstance(call, Observation):
             out[i] = call
         elif call.name not in tools:
-            out[i] = refused(f"unknown tool {call.name!r}; the tools are: {', '.join(tools)}", "unknown_tool")
+            out[i] = Observation.refused(f"unknown tool {call.name!r}; the tools are: {', '.join(tools)}", "unknown_tool")
         elif (problem := check_arguments(call.name, tools[call.name].parameters, call.arguments)) is not None:
-            out[i] = refused(problem, "bad_arguments")
+            out[i] = Observation.refused(problem, "bad_arguments")
         else:
             groups.setdefault(call.name, []).append(i)
     for name, rows in groups.items():

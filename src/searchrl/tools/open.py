@@ -114,17 +114,17 @@ class Open(Tool):
     def _corpus(self, args: dict[str, str]) -> Observation:
         passages = getattr(self.context, "passages", None)
         if passages is None:
-            return _refused("open: this run has no local corpus to read passages from; open a `url` instead", "unavailable")
+            return Observation.refused("open: this run has no local corpus to read passages from; open a `url` instead", "unavailable")
         if self._lookup is None:
             self._lookup = CorpusLookup(passages)
         if "id" in args:
             found = self._lookup.by_id(args["id"].strip())
             if found is None:
-                return _refused(f"open: no passage has the id {args['id']!r}", "not_found")
+                return Observation.refused(f"open: no passage has the id {args['id']!r}", "not_found")
             return self._observation(found.title, [found])
         title = args["title"]
         if not _title_key(title):
-            return _refused("open: the title is empty; give a title as search results show it", "bad_arguments")
+            return Observation.refused("open: the title is empty; give a title as search results show it", "bad_arguments")
         chosen, size = [], 0
         for p in self._lookup.by_title(title):  # read only what the cap keeps
             chosen.append(p)
@@ -132,7 +132,7 @@ class Open(Tool):
             if size > self._cap():
                 break
         if not chosen:
-            return _refused(f"open: no article is titled {title.strip()!r} in the corpus; search for it first", "not_found")
+            return Observation.refused(f"open: no article is titled {title.strip()!r} in the corpus; search for it first", "not_found")
         return self._observation(chosen[0].title, chosen)
 
     def _observation(self, title: str, passages: list[Passage]) -> Observation:
@@ -152,7 +152,7 @@ class Open(Tool):
     def _read_urls(self, urls: list[str]) -> list[Observation]:
         reader = getattr(self.context, "pages", None)
         if reader is None:
-            return [_refused("open: this run reads no web pages; open a passage by `id` or `title`", "unavailable")
+            return [Observation.refused("open: this run reads no web pages; open a passage by `id` or `title`", "unavailable")
                     for _ in urls]
         with ThreadPoolExecutor(min(len(urls), reader.cfg.workers)) as pool:
             return list(pool.map(self._read_url, urls))
@@ -164,15 +164,11 @@ class Open(Tool):
         try:
             text, fetched = reader.read(url)  # the address policy checks the URL first, cached or not
         except PageUnreadable as exc:
-            return _refused(f"open: {_for_model(str(exc))}", "refused" if exc.refused else "unreadable")
+            return Observation.refused(f"open: {_for_model(str(exc))}", "refused" if exc.refused else "unreadable")
         obs = self._observation(url, [Passage(url, url, text)])
         obs.passages = [Passage(url, url, text[: self._cap()])]  # what the model read, not the 2 MB page
         obs.cost, obs.latency_s = float(fetched), time.perf_counter() - t0  # cost: pages fetched, not cached
         return obs
-
-
-def _refused(text: str, error: str) -> Observation:
-    return Observation(text, ok=False, error=error)
 
 
 def _for_model(message: str) -> str:
