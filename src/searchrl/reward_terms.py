@@ -36,7 +36,7 @@ from searchrl.registry import Registry
 
 @dataclass(frozen=True)
 class FormatVerdict:
-    """The format check's result (`searchrl.rewards.check_format`): whether it passed, and the
+    """The format check's result (`searchrl.format_rules.check_format`): whether it passed, and the
     rules that failed."""
 
     ok: bool

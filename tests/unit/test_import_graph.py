@@ -228,7 +228,7 @@ def test_data_imports_no_rollout_but_its_config():
 
 def test_text_format_rewards_eval_and_data_load_no_engine_or_trainer():
     top, _ = _graphs()
-    checked = ["searchrl.tags", "searchrl.protocol", "searchrl.rewards"]
+    checked = ["searchrl.tags", "searchrl.protocol", "searchrl.format_rules", "searchrl.rewards"]
     checked += [m for m in MODULES if m.startswith(("searchrl.eval.", "searchrl.data."))]
     leaks = [
         " -> ".join(chain)

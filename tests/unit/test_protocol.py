@@ -11,7 +11,7 @@ from searchrl.data.types import Passage
 from searchrl.errors import SearchRLError
 from searchrl.prompts import EXAMPLES, build_prompt, example_response, instruction_text
 from searchrl.protocol import Protocol, ProtocolConfig
-from searchrl.rewards import check_segments
+from searchrl.format_rules import check_segments
 from searchrl.tags import (
     R1SEARCHER_TAGS,
     SEARCH_R1_TAGS,

@@ -15,11 +15,12 @@ import yaml
 from searchrl.config import dump_config, load_config
 from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.errors import SearchRLError
+from searchrl.format_rules import check_format, policy_view
 from searchrl.metrics import ANSWER_METRICS
 from searchrl.reward_terms import REWARD_TERMS, RewardInput
-from searchrl.rewards import RewardConfig, check_format, compute_reward, extract_answer, policy_view
+from searchrl.rewards import RewardConfig, compute_reward
 from searchrl.rl.config import TrainConfig
-from searchrl.tags import R1SEARCHER_TAGS
+from searchrl.tags import R1SEARCHER_TAGS, extract_answer
 
 T = R1SEARCHER_TAGS
 QO, QC, DO, DC = T.query_open, T.query_close, T.docs_open, T.docs_close

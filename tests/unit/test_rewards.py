@@ -14,14 +14,8 @@ from pydantic import ValidationError
 
 from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.errors import SearchRLError
-from searchrl.rewards import (
-    FORMAT_RULES,
-    REWARD_STAGES,
-    RewardConfig,
-    check_format,
-    check_segments,
-    compute_reward,
-)
+from searchrl.format_rules import FORMAT_RULES, check_format, check_segments
+from searchrl.rewards import REWARD_STAGES, RewardConfig, compute_reward
 from searchrl.tags import R1SEARCHER_TAGS, SEARCH_R1_TAGS, TagSet
 
 T = R1SEARCHER_TAGS
@@ -431,10 +425,12 @@ def test_adversarial_outputs_never_crash_and_verdicts_are_consistent(
 def test_docstring_examples():
     import doctest
 
+    import searchrl.format_rules
     import searchrl.rewards
 
-    result = doctest.testmod(searchrl.rewards)
-    assert result.attempted >= 6 and result.failed == 0
+    for module, least in ((searchrl.rewards, 4), (searchrl.format_rules, 3)):
+        result = doctest.testmod(module)
+        assert result.attempted >= least and result.failed == 0, module.__name__
 
 
 def test_format_check_command_reads_all_three_record_shapes(tmp_path, capsys):

@@ -541,3 +541,12 @@ _FORBIDDEN = re.compile(r"\b(x|os|open|eval|True|None|__import__|and|if|for|lamb
 def test_calculate_agrees_with_python_on_integer_arithmetic(expression):
     # The oracle evaluates text this test generated itself (integers and + - * only).
     assert calculate(expression) == str(eval(expression))
+
+
+def test_tool_metrics_docstring_examples():
+    import doctest
+
+    import searchrl.tools.metrics
+
+    result = doctest.testmod(searchrl.tools.metrics)
+    assert result.attempted >= 1 and result.failed == 0

@@ -19,7 +19,7 @@ from searchrl.data.types import Question
 from searchrl.errors import SearchRLError
 from searchrl.protocol import Protocol
 from searchrl.retrieval.querycache import RetrievalCounts
-from searchrl.rewards import FORMAT_RULES
+from searchrl.format_rules import FORMAT_RULES
 from searchrl.rl import actor as actor_module
 from searchrl.rl import logprobs, preflight, step, trainer
 from searchrl.rl.actor import Actor

@@ -15,7 +15,7 @@ from pathlib import Path
 from searchrl.data.textio import iter_json_lines
 from searchrl.data.trajectory import Segment
 from searchrl.errors import DataError
-from searchrl.rewards import FORMAT_RULES, check_segments
+from searchrl.format_rules import FORMAT_RULES, check_segments
 from searchrl.tags import TagSet, get_tags, segments_from_text
 
 

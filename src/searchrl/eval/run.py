@@ -87,7 +87,7 @@ def predict(traj: Trajectory, method: str, protocol: Protocol) -> str | None:
 def format_verdict(traj: Trajectory, method: str, protocol: Protocol, require_think: bool = True):
     """The rewards' format check; rag/direct as if an empty think block preceded the answer, and
     with a one-line answer the model ended its turn after taken as closed (`closed_response`)."""
-    from searchrl.rewards import check_format, check_segments
+    from searchrl.format_rules import check_format, check_segments
 
     if method == "agent":
         return check_format(traj, protocol, require_think=require_think)

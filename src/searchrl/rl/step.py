@@ -28,9 +28,10 @@ import torch
 
 from searchrl.data.trajectory import STOP_REASONS, Trajectory
 from searchrl.data.types import Question
+from searchrl.format_rules import FORMAT_RULES
 from searchrl.metrics import ANSWER_METRICS
 from searchrl.retrieval.querycache import RetrievalCounts
-from searchrl.rewards import FORMAT_RULES, RewardBreakdown, compute_reward
+from searchrl.rewards import RewardBreakdown, compute_reward
 from searchrl.rl.actor import Actor, UpdateStats
 from searchrl.rl.advantages import compute_advantages
 from searchrl.rl.batch import RolloutBatch, make_batch

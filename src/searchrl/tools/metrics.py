@@ -17,19 +17,23 @@ from searchrl.tools.batch import INVALID
 
 def tool_metrics(calls: Sequence[Sequence[dict]], timings: Sequence[dict], tools: Sequence[str]) -> dict[str, float | None]:
     """The metrics of rollouts whose `tool_calls` are `calls` and `timing`s are `timings`, with a
-    `tools/<name>/...` pair for every tool the run offers (`tools`) and any other one called.
+    `tools/<name>/...` pair for every tool the run offers (`tools`). A call of any other name is
+    the policy's mistake (`unknown_tool`), counted in `tools/invalid_rate` only: names a model
+    makes up never become metric keys.
 
     >>> search = {"name": "search", "arguments": {"query": "q"}, "ok": True, "error": None}
     >>> bad = {"name": None, "arguments": None, "ok": False, "error": "malformed"}
-    >>> m = tool_metrics([[search, search], [bad]], [{"tools/search_s": 0.5}, {}], ["search", "open"])
+    >>> made_up = {"name": "Paris", "arguments": {}, "ok": False, "error": "unknown_tool"}
+    >>> m = tool_metrics([[search, search], [bad, made_up]], [{"tools/search_s": 0.5}, {}], ["search", "open"])
     >>> m["tools/search/calls"], m["tools/search/latency_s"], m["tools/open/calls"], m["tools/invalid_rate"]
-    (1.0, 0.25, 0.0, 0.3333333333333333)
+    (1.0, 0.25, 0.0, 0.5)
+    >>> sorted(k for k in m if k.startswith("tools/Paris"))
+    []
     """
     n = max(len(calls), 1)
     attempts = [c for rollout in calls for c in rollout]
-    names = list(dict.fromkeys([*tools, *(c["name"] for c in attempts if c["name"] is not None)]))
     out: dict[str, float | None] = {}
-    for name in names:
+    for name in tools:
         served = sum(c["name"] == name and c["error"] not in (*INVALID, "budget") for c in attempts)  # that ran
         seconds = sum(t.get(f"tools/{name}_s", 0.0) for t in timings)
         out[f"tools/{name}/calls"] = sum(c["name"] == name for c in attempts) / n
