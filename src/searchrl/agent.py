@@ -122,6 +122,7 @@ def build_agent(
     search: bool = True,
     run: str | None = None,
     new_run: bool = False,
+    web_record: str | None = None,
     protocol: Protocol | None = None,
     rollout: RolloutConfig | None = None,
 ) -> Agent:
@@ -130,14 +131,14 @@ def build_agent(
     retriever first and checked (a wrong index or a server that is down fails in a second, not
     after the model's minutes of loading), then the backend. `search=False`: no retriever at all
     (answers without retrieval). `run` / `new_run`: the web search budget the retriever counts
-    against (`RetrievalConfig.open`). `protocol` / `rollout` replace the config's (evaluation's
-    answer-only baselines)."""
+    against; `web_record`: the folder web search records into (`RetrievalConfig.open`).
+    `protocol` / `rollout` replace the config's (evaluation's answer-only baselines)."""
     from searchrl.rollout.engine import RolloutEngine
 
     owned: list = []
     try:
         if retriever is None and search:
-            retriever = cfg.retrieval.open(run=run, new_run=new_run)
+            retriever = cfg.retrieval.open(run=run, new_run=new_run, web_record=web_record)
             owned.append(retriever)
             retriever.check()
         if backend is None:

@@ -328,6 +328,7 @@ def eval_run(
     web: str | None = typer.Option(None, "--web", help=WEB_HELP),
     web_site: str | None = typer.Option(None, "--web-site", help=WEB_SITE_HELP),
     web_allow_private: bool = typer.Option(False, "--web-allow-private", help=WEB_PRIVATE_HELP),
+    web_replay: str | None = typer.Option(None, "--web-replay", help="retrieval.web.replay: answer every web search and page read from the web_record/ of this earlier run folder; nothing is sent or spent, a request not in it is reported (docs/guides/web-replay.md)."),
     judge_url: str | None = typer.Option(None, "--judge-url", help="judge.url: OpenAI-compatible base URL (…/v1) of an LLM judge; adds ACC_L (key from $OPENAI_API_KEY)."),
     judge_model: str | None = typer.Option(None, "--judge-model", help="judge.model: the judge model (default gpt-4o-mini, the paper's)."),
     limit: int | None = typer.Option(None, "--limit", min=1, help="Evaluate only the first N questions."),
@@ -355,7 +356,8 @@ def eval_run(
 
     flags = {"method": method, "model": model, "rollout.backend": backend, "dataset": dataset, "retrieval.index": index,
              "retrieval.url": retriever_url, "retrieval.api": retriever_api, "retrieval.web.provider": web,
-             "retrieval.web.site": web_site, "retrieval.web.allow_private": web_allow_private or None, "judge.url": judge_url, "judge.model": judge_model, "limit": limit, "rollout.k": k,
+             "retrieval.web.site": web_site, "retrieval.web.allow_private": web_allow_private or None,
+             "retrieval.web.replay": web_replay, "judge.url": judge_url, "judge.model": judge_model, "limit": limit, "rollout.k": k,
              "protocol.tags": tags, "protocol.template": template, "protocol.doc_style": doc_style,
              "rollout.max_searches": max_searches, "rollout.max_new_tokens": max_new_tokens,
              "answer_max_new_tokens": answer_max_new_tokens, "rollout.batch_size": batch_size,

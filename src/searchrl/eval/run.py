@@ -26,10 +26,11 @@ With a judge (`judge.url`, `--judge-url`) every prediction gets an ACC_L verdict
 record) as its batch finishes; `metrics.json` then holds `acc_l` and what the judge and web search
 cost (`searchrl.eval.spending`).
 
-Output folder: `predictions.jsonl`, `metrics.json`, `metrics.md`, `config.yaml`. Predictions are
-written batch by batch as they finish, so `--resume` continues a run that was stopped
-(`searchrl.eval.resume`); batches are fixed slices of the question list, so a resumed run
-generates exactly what an uninterrupted one would have.
+Output folder: `predictions.jsonl`, `metrics.json`, `metrics.md`, `config.yaml`, and for live web
+search `web_record/`, what every search and page read gave (`searchrl.retrieval.web.record`;
+`--web-replay` answers from it). Predictions are written batch by batch as they finish, so
+`--resume` continues a run that was stopped (`searchrl.eval.resume`); batches are fixed slices of
+the question list, so a resumed run generates exactly what an uninterrupted one would have.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from searchrl.eval.spending import Spending, judge_records
 from searchrl.eval.summary import metrics_markdown, summarize
 from searchrl.protocol import Protocol
 from searchrl.retrieval.base import Retriever
+from searchrl.retrieval.web.record import RECORD_DIR
 from searchrl.runlock import RunLock
 from searchrl.tags import get_tags
 from searchrl.toolformat.protocol import NativeProtocol
@@ -207,7 +209,8 @@ def _services(cfg: EvalConfig, questions: Sequence[Question], out: Path, backend
         if cfg.judge.url is not None:
             judge = stack.enter_context(contextlib.closing(cfg.judge.build()))
         agent = stack.enter_context(contextlib.closing(
-            build_agent(cfg, backend, search=cfg.method != "direct", run=str(out.resolve()), new_run=fresh)
+            build_agent(cfg, backend, search=cfg.method != "direct", run=str(out.resolve()), new_run=fresh,
+                        web_record=str(out / RECORD_DIR))
         ))
         if cfg.method == "agent":
             from searchrl.rollout.bounds import check_rollout_fits
@@ -278,5 +281,6 @@ def eval_command(config: str | None, overrides: Sequence[str], flags: dict, as_j
 
     console = Console()
     console.print(Markdown(metrics_markdown(metrics)))
-    console.print(f"wrote predictions.jsonl, metrics.json, metrics.md, config.yaml to {cfg.out}", highlight=False, markup=False)
+    record = f", {RECORD_DIR}/" if (Path(cfg.out) / RECORD_DIR).is_dir() else ""
+    console.print(f"wrote predictions.jsonl, metrics.json, metrics.md, config.yaml{record} to {cfg.out}", highlight=False, markup=False)
     return metrics

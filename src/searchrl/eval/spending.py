@@ -10,9 +10,10 @@ from collections.abc import Sequence
 from searchrl.retrieval.base import Retriever
 from searchrl.retrieval.querycache import CachedRetriever
 from searchrl.retrieval.web.budget import COUNTERS
+from searchrl.retrieval.web.replay import REPLAY_COUNTERS
 
 JUDGE_KEYS = ("judge_requests", "judge_cache_hits", "judge_malformed")
-WEB_KEYS = tuple(f"web_{c}" for c in COUNTERS)
+WEB_KEYS = tuple(f"web_{c}" for c in (*COUNTERS, *REPLAY_COUNTERS))  # a replay's counters only in a replay
 RETRIEVAL_KEYS = ("retrieval_queries", "retrieval_cache_hits", "retrieval_s")  # cache hits: only with a cache
 SPENT_KEYS = ("seconds", *JUDGE_KEYS, *WEB_KEYS, *RETRIEVAL_KEYS)
 
@@ -43,9 +44,8 @@ class Spending:
             for key, value in zip(JUDGE_KEYS, (stats.requests, stats.cache_hits, stats.malformed)):
                 out[key] = self.before.get(key, 0) + value
         if self._web_start is not None:
-            now = self.retriever.usage()
-            for key, c in zip(WEB_KEYS, COUNTERS):
-                out[key] = round(self.before.get(key, 0) + now[c] - self._web_start[c], 6)
+            for c, value in self.retriever.usage().items():
+                out[f"web_{c}"] = round(self.before.get(f"web_{c}", 0) + value - self._web_start[c], 6)
         if self._searched_start is not None:
             done = self.retriever.counts().since(self._searched_start)
             out["retrieval_queries"] = self.before.get("retrieval_queries", 0) + done.queries
@@ -74,6 +74,8 @@ def spending_rows(metrics: dict) -> list[tuple[str, str]]:
         rows.append(("web search requests (served from cache)", f"{metrics['web_requests']} ({metrics['web_cache_hits']})"))
         rows.append(("web search cost, USD", f"{metrics['web_cost_usd']:.4f}"))
         rows.append(("pages read (unreadable)", f"{metrics['web_pages']} ({metrics['web_page_failures']})"))
+    if "web_replayed" in metrics:
+        rows.append(("web answers replayed (missing from the record)", f"{metrics['web_replayed']} ({metrics['web_missing']})"))
     return rows
 
 

@@ -63,12 +63,22 @@ def summarize(cfg: EvalConfig, recs: Sequence[dict], spent: dict) -> dict:
         "method": cfg.method,
         "dataset": cfg.dataset,
         "retriever": None if cfg.method == "direct" else cfg.retrieval.source,
+        **({"web": web_provenance(cfg)} if cfg.method != "direct" and cfg.retrieval.web.provider else {}),
         "k": cfg.rollout.k,
         "format": cfg.protocol.format,
         "tools": list(cfg.tools) if cfg.method == "agent" else [],
         "tags": cfg.protocol.tags,
         "template": cfg.protocol.template,
     }
+
+
+def web_provenance(cfg: EvalConfig) -> str:
+    """Where a web run's search results came from: "live" (and where they were recorded) or
+    "replayed from RUN" (docs/guides/web-replay.md)."""
+    web = cfg.retrieval.web
+    if web.replay is not None:
+        return f"replayed from {web.replay}"
+    return "live, recorded in web_record/" if web.record else "live"
 
 
 def metrics_markdown(metrics: dict) -> str:
@@ -80,6 +90,8 @@ def metrics_markdown(metrics: dict) -> str:
         ("retriever", f"{metrics['retriever']} (k={metrics['k']})" if metrics["retriever"] else "-"),
         ("protocol", f"{metrics['tags']} / {metrics['template']}"),
     ]
+    if "web" in metrics:
+        rows.append(("web", metrics["web"]))
     labels = {
         "em": "EM %",
         "f1": "F1 %",

@@ -134,16 +134,24 @@ class RetrievalConfig(StrictModel):
             return f"web:{self.web.provider}"
         return self.url if self.url is not None else self.index
 
-    def open(self, run: str | None = None, new_run: bool = False) -> CachedRetriever:
+    def open(self, run: str | None = None, new_run: bool = False, web_record: str | None = None) -> CachedRetriever:
         """The configured retriever, behind the in-process cache, counting queries, cache hits
         and seconds. Web search counts against the budget of `run` (the run's directory; None:
-        this process alone), from zero when `new_run`."""
+        this process alone), from zero when `new_run`, and writes what it is served into the
+        folder `web_record` when `retrieval.web.record` (None: nowhere); `retrieval.web.replay`
+        answers from a record instead, sending nothing."""
         if self.source is None:
             raise SearchRLError("no retriever configured: set retrieval.index (e.g. toyworld), retrieval.url or retrieval.web")
+        if self.web.replay is not None:
+            from searchrl.retrieval.web.replay import ReplayRetriever
+
+            return CachedRetriever(ReplayRetriever(self.web))
         if self.web.provider is not None:
+            from searchrl.retrieval.web.record import WebRecord
             from searchrl.retrieval.web.retriever import WebRetriever
 
-            return CachedRetriever(WebRetriever(self.web, run, new_run))
+            record = WebRecord(web_record, self.web.provider, fresh=new_run) if web_record and self.web.record else None
+            return CachedRetriever(WebRetriever(self.web, run, new_run, record))
         cache = LocalCache(self.cache_size) if self.cache_size else None
         settings = SearchSettings(nprobe=self.nprobe, ef_search=self.ef_search, k_factor=self.k_factor, gpu=self.faiss_gpu)
         return CachedRetriever(open_retriever(self.source, self.api, self.retry, settings, self.api_key_env), cache)

@@ -77,6 +77,30 @@ class WebConfig(StrictModel):
         description="How long a search failing with a rate limit (429) or a server error is retried, over all keys.",
     )
     budget: BudgetConfig = Field(default_factory=BudgetConfig, description="Caps, prices and pace.")
+    record: bool = Field(
+        True, description="`eval run`: write what every search, page read and condensed passage gave into the run "
+        "folder's web_record/ (content-addressed: each distinct answer once), so the run can be replayed offline "
+        "(`retrieval.web.replay`); false = no record. Not written by a replay.",
+    )
+    replay: str | None = Field(
+        None, description="Answer every search and page read from the record of this run folder (or its web_record/ "
+        "folder) instead of the web (`eval run --web-replay RUN`): no request is sent, nothing is spent, and a request "
+        "the record lacks is reported, never sent (docs/guides/web-replay.md). The provider defaults to the record's.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _replayed_provider(cls, data):
+        """A replay searches as its record's provider did; another provider's searches are not in it."""
+        if isinstance(data, dict) and data.get("replay") is not None:
+            from searchrl.retrieval.web.record import recorded_provider
+
+            recorded = recorded_provider(str(data["replay"]))
+            if data.get("provider") not in (None, recorded):
+                raise ValueError(f"retrieval.web.provider={data['provider']}, but the web record of {data['replay']} holds "
+                                 f"{recorded}'s searches: drop the provider (a replay uses its record's) or replay another run")
+            data = {**data, "provider": recorded}
+        return data
 
     @field_validator("provider")
     @classmethod

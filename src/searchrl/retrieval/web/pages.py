@@ -24,6 +24,7 @@ from searchrl.sqlcache import SqliteStore
 if TYPE_CHECKING:
     from searchrl.retrieval.web.budget import Budget
     from searchrl.retrieval.web.config import WebConfig
+    from searchrl.retrieval.web.record import WebRecord
 
 USER_AGENT = "searchrl/0.1 (research evaluation; https://pypi.org/project/searchrl/)"
 
@@ -152,12 +153,14 @@ class PageReader:
     """Pages read under the address policy (`cfg.allow_private`, `cfg.timeout_s`,
     `cfg.max_page_bytes`) through the web cache, counted in a run's web `budget` (None: not
     counted): the result pages of web search and the URLs the `open` tool reads share it.
-    `store`: the web cache already open (None: this reader opens `cfg.cache` and closes it)."""
+    `store`: the web cache already open (None: this reader opens `cfg.cache` and closes it);
+    `record`: where every read's outcome, text or failure, is written (None: nowhere)."""
 
-    def __init__(self, cfg: WebConfig, store: SqliteStore | None = None, budget: Budget | None = None) -> None:
+    def __init__(self, cfg: WebConfig, store: SqliteStore | None = None, budget: Budget | None = None,
+                 record: WebRecord | None = None) -> None:
         from searchrl.paths import cache_dir
 
-        self.cfg, self.budget, self._owns_store = cfg, budget, store is None
+        self.cfg, self.budget, self.record, self._owns_store = cfg, budget, record, store is None
         self.store = store or SqliteStore(cfg.cache or cache_dir() / "web-cache.sqlite", SCHEMA)
         self.client = outbound.client(cfg.timeout_s, cfg.max_page_bytes, public_only=not cfg.allow_private,
                                       follow_redirects=True, headers={"User-Agent": USER_AGENT})
@@ -166,6 +169,17 @@ class PageReader:
         """(the page's text, whether it was fetched now rather than found in the cache);
         `PageUnreadable` when it cannot be read (not cached: it may be readable next time).
         Only a page this reader's address policy would have fetched comes from the cache."""
+        try:
+            text, fetched = self._read(url)
+        except PageUnreadable as exc:
+            if self.record is not None:
+                self.record.put("page", url, url, {"error": str(exc), "refused": exc.refused})
+            raise
+        if self.record is not None:
+            self.record.put("page", url, url, {"text": text})
+        return text, fetched
+
+    def _read(self, url: str) -> tuple[str, bool]:
         try:
             _check_url(url, self.cfg.allow_private)  # cached or not: the clear message, before anything
             cached = self._cached(url)

@@ -8,6 +8,9 @@ cached in one SQLite file shared by all processes and runs, so a repeated query 
 The provider and the condenser are spoken to by one client, the result pages fetched by another
 under the address policy (`searchrl.outbound`): a result or a redirect pointing at this machine,
 the LAN or the metadata service is not read unless `retrieval.web.allow_private`.
+
+With a `WebRecord` (`searchrl.retrieval.web.replay`) every answer served — from the provider or
+the cache alike — is written into the run's record, which `ReplayRetriever` answers from.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from abc import abstractmethod
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -29,34 +34,28 @@ from searchrl.retrieval.web.pages import USER_AGENT, LLMCondenser, PageReader, b
 from searchrl.retrieval.web.providers import NUM_RESULTS, PROVIDERS, Hit, classify
 from searchrl.sqlcache import SqliteStore, digest
 
+if TYPE_CHECKING:
+    from searchrl.retrieval.web.record import WebRecord
 
-class WebRetriever(Retriever):
-    """Web search with `cfg`, counting against the budget of `run` (its directory; None: this
-    process alone). `new_run`: start that run's counters from zero."""
 
-    def __init__(self, cfg: WebConfig, run: str | None = None, new_run: bool = False) -> None:
-        from searchrl.paths import cache_dir
+def search_key(provider: str, sent: str) -> str:
+    """The web cache's (and the record's) key of a search: provider, query as sent, results asked."""
+    return digest(provider, sent, NUM_RESULTS)
 
-        self.cfg = cfg
-        self.provider = PROVIDERS.get(cfg.provider)(cfg.url)
-        self.keys = KeyRing(self.provider.keys())  # a missing key fails here, before any model loads
-        self.store = SqliteStore(cfg.cache or cache_dir() / "web-cache.sqlite", SCHEMA)
-        rate = cfg.budget.requests_per_s if cfg.budget.requests_per_s is not None else self.provider.requests_per_s
-        price = cfg.budget.cost_per_request if cfg.budget.cost_per_request is not None else self.provider.cost_usd
-        self.budget = Budget(self.store, run or f"process-{uuid.uuid4()}", self.provider.name, price,
-                             1.0 / rate if rate > 0 else 0.0, cfg.budget.max_requests, cfg.budget.max_cost_usd)
-        if new_run:
-            self.budget.reset()
-        self.http = outbound.client(cfg.timeout_s, headers={"User-Agent": USER_AGENT})
-        self.pages = PageReader(cfg, self.store, self.budget)  # the `open` tool reads URLs through it too
-        self.pool = ThreadPoolExecutor(cfg.workers)
-        self.condenser = None
-        if cfg.condense.method == "llm":
-            from searchrl.llm import ChatClient
 
-            c = cfg.condense
-            chat = ChatClient(c.url, c.model, c.api_key_env, role="the page condenser", flag="retrieval.web.condense.url")
-            self.condenser = LLMCondenser(chat, c.words, c.max_input_chars)
+def condensed_key(cfg: WebConfig, query: str, url: str) -> str:
+    """The key of the passage an LLM condensed from `url`'s page for `query`."""
+    return digest(cfg.condense.model, query, url, cfg.condense.words)
+
+
+class WebSearch(Retriever):
+    """Searches as passages: each query's hits, their pages read once a batch, each page condensed
+    into one passage. Subclasses say where hits, pages (`self.pages`) and condensed texts come from:
+    the web (`WebRetriever`) or a run's record of it (`ReplayRetriever`)."""
+
+    cfg: WebConfig
+    pages: PageReader
+    pool: ThreadPoolExecutor
 
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:
         if k > NUM_RESULTS:
@@ -71,6 +70,58 @@ class WebRetriever(Retriever):
         done = dict(zip([(q, rank) for q, rank, _ in jobs], passages))
         return [[done[(q, rank)] for rank in range(len(hits[q][:k]))] if q else [] for q in asked]
 
+    def sent(self, query: str) -> str:
+        """`query` as sent to the provider."""
+        return f"{query} site:{self.cfg.site}" if self.cfg.site else query
+
+    @abstractmethod
+    def _hits(self, query: str) -> list[Hit]:
+        """The hits of `query` (not yet as sent), best first."""
+
+    @abstractmethod
+    def _condensed(self, query: str, hit: Hit, text: str) -> str | None:
+        """`hit`'s page `text` condensed for `query` by the LLM (`condense.method=llm`); None: extract instead."""
+
+    def _passage(self, query: str, rank: int, hit: Hit, text: str | None) -> Passage:
+        """`hit` as a passage: its page's `text` condensed, or its snippet when the page is unread."""
+        body = None
+        if text is not None and self.cfg.condense.method == "llm":
+            body = self._condensed(query, hit, text)
+        if text is not None and body is None:
+            body = best_passage(text, query, self.cfg.condense.words)
+        # Reciprocal rank: providers order their results but give no score.
+        return Passage(hit.url, hit.title or hit.url, body or hit.snippet, 1.0 / (rank + 1))
+
+
+class WebRetriever(WebSearch):
+    """Web search with `cfg`, counting against the budget of `run` (its directory; None: this
+    process alone). `new_run`: start that run's counters from zero. `record`: where every answer
+    served is written (None: nowhere)."""
+
+    def __init__(self, cfg: WebConfig, run: str | None = None, new_run: bool = False, record: WebRecord | None = None) -> None:
+        from searchrl.paths import cache_dir
+
+        self.cfg, self.record = cfg, record
+        self.provider = PROVIDERS.get(cfg.provider)(cfg.url)
+        self.keys = KeyRing(self.provider.keys())  # a missing key fails here, before any model loads
+        self.store = SqliteStore(cfg.cache or cache_dir() / "web-cache.sqlite", SCHEMA)
+        rate = cfg.budget.requests_per_s if cfg.budget.requests_per_s is not None else self.provider.requests_per_s
+        price = cfg.budget.cost_per_request if cfg.budget.cost_per_request is not None else self.provider.cost_usd
+        self.budget = Budget(self.store, run or f"process-{uuid.uuid4()}", self.provider.name, price,
+                             1.0 / rate if rate > 0 else 0.0, cfg.budget.max_requests, cfg.budget.max_cost_usd)
+        if new_run:
+            self.budget.reset()
+        self.http = outbound.client(cfg.timeout_s, headers={"User-Agent": USER_AGENT})
+        self.pages = PageReader(cfg, self.store, self.budget, record)  # the `open` tool reads URLs through it too
+        self.pool = ThreadPoolExecutor(cfg.workers)
+        self.condenser = None
+        if cfg.condense.method == "llm":
+            from searchrl.llm import ChatClient
+
+            c = cfg.condense
+            chat = ChatClient(c.url, c.model, c.api_key_env, role="the page condenser", flag="retrieval.web.condense.url")
+            self.condenser = LLMCondenser(chat, c.words, c.max_input_chars)
+
     def usage(self) -> dict[str, float]:
         return self.budget.usage()
 
@@ -83,14 +134,17 @@ class WebRetriever(Retriever):
     # -------------------------------------------------------------------------------- searching
 
     def _hits(self, query: str) -> list[Hit]:
-        sent = f"{query} site:{self.cfg.site}" if self.cfg.site else query
-        key = digest(self.provider.name, sent, NUM_RESULTS)
+        sent = self.sent(query)
+        key = search_key(self.provider.name, sent)
         cached = self.store.get("search", key)
         if cached is not None:
             self.budget.add(cache_hits=1)
-            return [Hit(*h) for h in json.loads(cached)]
-        hits = self._request(sent)
-        self.store.put("search", key, json.dumps([[h.url, h.title, h.snippet] for h in hits]))
+            hits = [Hit(*h) for h in json.loads(cached)]
+        else:
+            hits = self._request(sent)
+            self.store.put("search", key, json.dumps([[h.url, h.title, h.snippet] for h in hits]))
+        if self.record is not None:
+            self.record.put("search", key, sent, {"hits": [[h.url, h.title, h.snippet] for h in hits]})
         return hits
 
     def _request(self, query: str) -> list[Hit]:
@@ -147,22 +201,13 @@ class WebRetriever(Retriever):
 
     # -------------------------------------------------------------------------------- pages
 
-    def _passage(self, query: str, rank: int, hit: Hit, text: str | None) -> Passage:
-        """`hit` as a passage: its page's `text` condensed, or its snippet when the page is unread."""
-        body = None
-        if text is not None and self.condenser is not None:
-            body = self._condensed(query, hit, text)
-        if text is not None and body is None:
-            body = best_passage(text, query, self.cfg.condense.words)
-        # Reciprocal rank: providers order their results but give no score.
-        return Passage(hit.url, hit.title or hit.url, body or hit.snippet, 1.0 / (rank + 1))
-
     def _condensed(self, query: str, hit: Hit, text: str) -> str | None:
-        c = self.cfg.condense
-        key = digest(c.model, query, hit.url, c.words)
+        key = condensed_key(self.cfg, query, hit.url)
         cached = self.store.get("condensed", key)
         if cached is None:
             cached = self.condenser(self.http, query, hit.title, text)
             if cached is not None:
                 self.store.put("condensed", key, cached)
+        if self.record is not None:
+            self.record.put("condensed", key, f"{query} | {hit.url}", {"text": cached})
         return cached
