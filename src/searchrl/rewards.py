@@ -1,4 +1,4 @@
-"""Rewards (README, "Reward terms"): the format check, and the Stage-1 / Stage-2 rewards built from it.
+"""Rewards (docs/concepts/rewards.md): the format check, and the Stage-1 / Stage-2 rewards built from it.
 
 Everything here is a pure function of one `Trajectory` (plus gold answers and a config).
 The format check reads `Trajectory.segments`, so "the model never writes a documents block" is
@@ -258,7 +258,7 @@ def check_turns(traj: Trajectory, protocol: NativeProtocol, *, max_answer_words:
 # Stage rewards: weighted sums of named terms (searchrl.reward_terms)
 
 
-# The paper's magnitudes per stage (README, "Reward terms"): a stage is a preset of the same fields, so any
+# The paper's magnitudes per stage (docs/concepts/rewards.md): a stage is a preset of the same fields, so any
 # stage can be given any reward (the authors' code keeps the answer reward in Stage 1, say).
 REWARD_STAGES: Registry[dict[str, float]] = Registry("reward stage")
 REWARD_STAGES.register("stage1")({"retrieve_weight": 1.0, "format_ok": 1.0, "format_bad": -1.0, "answer_weight": 0.0})
@@ -286,7 +286,7 @@ BUILT_IN_TERMS = {"retrieve": "retrieve_*", "format": "format_ok / format_bad", 
 class RewardConfig(StrictModel):
     """Reward = retrieve_weight · R_retrieve + R_format + answer_weight · R_answer + Σ weight · term
     over `terms`. `stage` names the preset that fills every magnitude not set (defaults: the
-    paper's table, README "Reward terms"); the authors' code differs in places (e.g. Stage 1 adds +0.5 for
+    paper's table, docs/concepts/rewards.md); the authors' code differs in places (e.g. Stage 1 adds +0.5 for
     retrieval only when the format is right), so each is here."""
 
     stage: str = "stage2"
