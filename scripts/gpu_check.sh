@@ -39,7 +39,7 @@ OUT="${OUT:-$ROOT/runs/gpu_check/gpu_check-$([[ $DRY == 1 ]] && echo dry- || tru
 FLAGS=()
 if [[ $DRY == 1 ]]; then
   FLAGS=(--dry)
-  export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"  # CI and shared CPUs: one thread is steadier (README)
+  export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"  # CI and shared CPUs: one thread is steadier (docs/getting-started.md)
   T_PREPARE="${TIMEOUT_PREPARE:-120}" T_ROLLOUT="${TIMEOUT_ROLLOUT:-120}" T_TRAIN="${TIMEOUT_TRAIN:-180}"
 else
   T_PREPARE="${TIMEOUT_PREPARE:-90}" T_ROLLOUT="${TIMEOUT_ROLLOUT:-150}" T_TRAIN="${TIMEOUT_TRAIN:-240}"

@@ -1,10 +1,10 @@
-"""The format rules of both protocols (README, "Reward terms"): whether a rollout kept its
+"""The format rules of both protocols (docs/concepts/rewards.md): whether a rollout kept its
 protocol's format. The format reward (`searchrl.rewards`) and `searchrl eval format-check` read
 the verdict; this module and the protocol modules (`protocol`, `tags`, `prompts`, `toolformat`)
 are the only code that reads model text.
 
-Everything here is a pure function of one `Trajectory`. The format check reads `Trajectory.segments`, so "the model never writes a documents block" is
-decided by provenance: a documents tag in a `policy` segment is forged, in an `env` segment it
+Everything here is a pure function of one `Trajectory`. The format check reads
+`Trajectory.segments`, so "the model never writes a documents block" is decided by provenance: a documents tag in a `policy` segment is forged, in an `env` segment it
 was inserted by the environment.
 
 Format rules (names appear in `FormatVerdict.failed` and in the training metrics):

@@ -1,4 +1,4 @@
-"""Prompt templates (SPEC §1): `base`, `chat`, `fewshot`, `oneshot`, `fewshot-chat`, and user
+"""Prompt templates (docs/concepts/protocols.md): `base`, `chat`, `fewshot`, `oneshot`, `fewshot-chat`, and user
 template files.
 
 Every built-in prompt ends with the think tag, so generation continues inside the think block

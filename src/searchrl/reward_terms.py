@@ -1,4 +1,4 @@
-"""Reward terms: the named parts a stage's reward is a weighted sum of (README "Reward terms").
+"""Reward terms: the named parts a stage's reward is a weighted sum of (docs/concepts/rewards.md).
 
 A term is a pure function of one `RewardInput` (a trajectory, its question's gold answers, the
 format verdict and the answer read from it) and its own keyword-only parameters, returning a

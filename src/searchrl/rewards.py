@@ -1,4 +1,4 @@
-"""Rewards (README, "Reward terms"): the Stage-1 / Stage-2 rewards, weighted sums of named terms
+"""Rewards (docs/concepts/rewards.md): the Stage-1 / Stage-2 rewards, weighted sums of named terms
 (`searchrl.reward_terms`) over one `Trajectory`, its gold answers and the format verdict
 (`searchrl.format_rules`). Everything here is a pure function of those.
 """
@@ -26,7 +26,7 @@ from searchrl.toolformat.protocol import NativeProtocol
 # Stage rewards: weighted sums of named terms (searchrl.reward_terms)
 
 
-# The paper's magnitudes per stage (README, "Reward terms"): a stage is a preset of the same fields, so any
+# The paper's magnitudes per stage (docs/concepts/rewards.md): a stage is a preset of the same fields, so any
 # stage can be given any reward (the authors' code keeps the answer reward in Stage 1, say).
 REWARD_STAGES: Registry[dict[str, float]] = Registry("reward stage")
 REWARD_STAGES.register("stage1")({"retrieve_weight": 1.0, "format_ok": 1.0, "format_bad": -1.0, "answer_weight": 0.0})
@@ -54,7 +54,7 @@ BUILT_IN_TERMS = {"retrieve": "retrieve_*", "format": "format_ok / format_bad", 
 class RewardConfig(StrictModel):
     """Reward = retrieve_weight · R_retrieve + R_format + answer_weight · R_answer + Σ weight · term
     over `terms`. `stage` names the preset that fills every magnitude not set (defaults: the
-    paper's table, README "Reward terms"); the authors' code differs in places (e.g. Stage 1 adds +0.5 for
+    paper's table, docs/concepts/rewards.md); the authors' code differs in places (e.g. Stage 1 adds +0.5 for
     retrieval only when the format is right), so each is here."""
 
     stage: str = "stage2"

@@ -1,4 +1,4 @@
-"""Tag presets and the text they frame (SPEC §1-2): documents blocks, and the parsers of
+"""Tag presets and the text they frame (docs/concepts/protocols.md): documents blocks, and the parsers of
 queries, answers and reasoning.
 
 The model writes free text with tags; the rollout engine stops generation on `stop_strings(tags)`,
@@ -39,13 +39,13 @@ class TagSet:
 
 
 TAG_PRESETS: Registry[TagSet] = Registry("tag preset")
-# The barred form is what the authors' code and released checkpoints use (SPEC §1).
+# The barred form is what the authors' code and released checkpoints use (docs/concepts/protocols.md).
 R1SEARCHER_TAGS = TAG_PRESETS.register("r1searcher")(
     TagSet(
         "<|begin_of_query|>", "<|end_of_query|>", "<|begin_of_documents|>", "<|end_of_documents|>"
     )
 )
-# Single-word tags: the only ones a 135M model picked up quickly in our trials (SPEC §6).
+# Single-word tags: the only ones a 135M model picked up quickly in our trials (docs/concepts/protocols.md).
 SEARCH_R1_TAGS = TAG_PRESETS.register("search-r1")(
     TagSet("<search>", "</search>", "<information>", "</information>")
 )
@@ -78,7 +78,7 @@ def _doc_r1searcher(i: int, p: Passage) -> str:
 
 @DOC_STYLES.register("title-lines")
 def _doc_title_lines(i: int, p: Passage) -> str:
-    # SPEC §2's literal shape: title on its own line, text below.
+    # The documents block's other shape (docs/concepts/protocols.md): title on its own line, text below.
     return f"({i}) Title: {p.title}\n{p.text}"
 
 
@@ -138,7 +138,7 @@ def clean_query(raw: str) -> str | None:
 
 
 def extract_query(text: str, tags: TagSet) -> str | None:
-    """The query after the LAST begin-of-query tag (SPEC §2), cut at the end-of-query tag if present.
+    """The query after the LAST begin-of-query tag (docs/concepts/rollout.md), cut at the end-of-query tag if present.
 
     None when there is no begin-of-query tag, the query is empty, or a stray end tag follows the
     last complete query (the generation stopped on an end tag that opens nothing new: searching

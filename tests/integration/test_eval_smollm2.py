@@ -1,6 +1,6 @@
 """`searchrl eval run` with the real SmolLM2-135M on the toy world: all three methods end to end.
 
-SmolLM2 follows the protocol only with single-word tags and worked examples (SPEC §6), hence
+SmolLM2 follows the protocol only with single-word tags and worked examples (docs/concepts/protocols.md), hence
 `--template fewshot --tags search-r1`. Greedy, it writes a query on its first turn for most toy
 world questions, so some agent trajectories must search. The token check is the provenance
 promise: every loss-mask-0 run is exactly one inserted documents block, and nothing else is.

@@ -25,10 +25,10 @@ from searchrl.runlog import ALARMS_FILE, read_metrics
 DEMO = Path(__file__).parent / "data" / "demo_metrics.jsonl"  # the demo's healthy run (fresh clone)
 # configs/toyworld-cpu-long.yaml as shipped (search bonus): healthy, 29 steps.
 LONG = Path(__file__).parent / "data" / "long_run_metrics.jsonl"
-# The same with the paper's Stage-2 reward at a constant learning rate (README, long run D): the
+# The same with the paper's Stage-2 reward at a constant learning rate (docs/results.md, long run D): the
 # policy stopped searching at step 8 and never searched again.
 COLLAPSED = Path(__file__).parent / "data" / "long_run_paper_reward_metrics.jsonl"
-# Run D with `rollback` armed (README, long run E): the run folder as the trainer left it.
+# Run D with `rollback` armed (docs/results.md, long run E): the run folder as the trainer left it.
 ROLLED = Path(__file__).parent / "data" / "long_run_rollback"
 
 

@@ -166,7 +166,7 @@ def test_report_rows_paper_numbers_and_charts(world, tmp_path, tokenizer):
     assert ours[("bamboogle-mini", "direct", "—")]["EM %"] == "50.0" and all(
         r["n"] == "2" for r in ours.values()
     )
-    # The paper's rows follow the benchmark each file is named after (SPEC §7).
+    # The paper's rows follow the benchmark each file is named after (docs/guides/evaluation.md).
     paper = {
         (r["benchmark"], r["method"], r["retriever"]): r for r in rows if r["dataset"] == "*paper*"
     }

@@ -38,16 +38,16 @@ from searchrl.tools import (
 )
 from searchrl.tools.calculate import MAX_CHARS, calculate
 
-README = Path(__file__).parents[2] / "README.md"
+TOOLS_GUIDE = Path(__file__).parents[2] / "docs" / "guides" / "tools.md"
 
 
-def readme_tool() -> str:
-    """The user tool the README's "Tools" section shows, as its code block has it."""
-    section = README.read_text(encoding="utf-8").split("\n## Tools\n", 1)[1]
+def guide_tool() -> str:
+    """The user tool docs/guides/tools.md shows under "Writing your own tool", as its code block has it."""
+    section = TOOLS_GUIDE.read_text(encoding="utf-8").split("\n## Writing your own tool\n", 1)[1]
     return section.split("```python\n", 1)[1].split("```", 1)[0]
 
 
-# Bad tools beside the README's, in the same module.
+# Bad tools beside the guide's, in the same module.
 BAD_TOOLS = textwrap.dedent('''
     class NotATool:
         pass
@@ -65,7 +65,7 @@ BAD_TOOLS = textwrap.dedent('''
 
 @pytest.fixture
 def user_tools(tmp_path, monkeypatch):
-    (tmp_path / "mytools.py").write_text(readme_tool() + BAD_TOOLS)
+    (tmp_path / "mytools.py").write_text(guide_tool() + BAD_TOOLS)
     (tmp_path / "broken.py").write_text("import nonexistent_package_xyz\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     yield
@@ -87,7 +87,7 @@ def test_builtin_tools_are_registered_and_built_in_order():
         check_schema(tool.name, tool.parameters)
 
 
-def test_a_user_tool_by_import_path_as_the_readme_shows(user_tools):
+def test_a_user_tool_by_import_path_as_the_tools_guide_shows(user_tools):
     ctx = ToolContext(k=2)
     tools = build_tools(["calculate", "mytools:Weather"], ctx)
     assert list(tools) == ["calculate", "weather"] and tools["weather"].context is ctx

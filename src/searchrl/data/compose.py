@@ -1,4 +1,4 @@
-"""`searchrl data compose`: a training set drawn from buckets and sources in given counts (SPEC §5;
+"""`searchrl data compose`: a training set drawn from buckets and sources in given counts (docs/guides/data-selection.md;
 the paper's Stage 1 = 200 HotpotQA + 150 2WikiMultiHopQA Medium questions, Stage 2 = Medium +
 Difficult).
 

@@ -1,5 +1,5 @@
 """`searchrl data select`: sort questions by how many rollouts a reference model needs to answer
-them (SPEC §5; R1-Searcher §4.1: Easy < 10, Medium 10-20, Difficult > 20).
+them (docs/guides/data-selection.md; R1-Searcher §4.1: Easy < 10, Medium 10-20, Difficult > 20).
 
 Questions advance in rounds. Each round samples `rollouts_per_round` rollouts (the rollout
 engine, with the configured backend and retriever) for each of up to `questions_per_round`

@@ -6,7 +6,7 @@ for rag, without for direct), each answered between the answer tags, then the qu
 opening answer tag already written, so the response up to the closing tag IS the answer. The
 examples are what make a small model answer at all: SmolLM2-135M given only the instruction wrote
 "The answer is: …" or ended its turn at once ("User:"), and closed the tag 0 of 20 times on the
-toy world; with these examples it closes it 94 of 100 times (README, "Baselines"). They hold
+toy world; with these examples it closes it 94 of 100 times (docs/results.md, "Baselines: rag and direct"). They hold
 invented entities only, so they teach the format, never a benchmark answer, and they are the same
 whatever prompt template the agent uses: rag/direct never see the search protocol.
 

@@ -1,4 +1,4 @@
-"""`searchrl eval format-check FILE`: the share of trajectories that pass the format check (SPEC §3).
+"""`searchrl eval format-check FILE`: the share of trajectories that pass the format check (docs/concepts/rewards.md).
 
 Reads JSONL records of three shapes: ours (`segments`: [{text, source}], provenance recorded by
 the engine), the authors' released outputs (`gen_text_store`), or plain `response` text. For the

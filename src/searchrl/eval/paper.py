@@ -1,11 +1,11 @@
-"""The paper's headline figures (SPEC §7), the reference rows of `searchrl eval report`.
+"""The paper's headline figures (docs/guides/evaluation.md, "The paper's figures"), the reference rows of `searchrl eval report`.
 
 R1-Searcher reports ACC_R (cover-EM, the authors' token cover) and ACC_L (gpt-4o-mini judge) on
 500-question subsets (Bamboogle: all 125), retrieving from KILT's 2019 Wikipedia (29M passages,
 BGE-large-en-v1.5, k = 5). EM and F1 are not in the paper: for the two benchmarks whose predictions
 the authors released (`shared/data/r1-searcher-results/`), `searchrl eval score` gives them, next to
-the paper's exact ACC_R/ACC_L (README, "Answer metrics: parity with the paper"). MuSiQue figures are
-not among SPEC's anchors, so the report has no paper row for it.
+the paper's exact ACC_R/ACC_L (docs/results.md, "Answer metrics: parity with the paper"). MuSiQue figures are
+not among these systems' published rows, so the report has no paper row for it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Advantage estimators (SPEC §4): outcome rewards -> token-level advantages.
+"""Advantage estimators (docs/concepts/algorithms.md): outcome rewards -> token-level advantages.
 
 Notation for tensor shapes:
     B  rollouts in the batch (prompts × samples per prompt)

@@ -1,4 +1,4 @@
-"""`TrainConfig`: the one typed tree of a training run (SPEC §4-5). Every field's description is
+"""`TrainConfig`: the one typed tree of a training run (docs/concepts/algorithms.md). Every field's description is
 its help text; YAML files in `configs/` fill it and `key=value` overrides adjust it.
 
 Paper settings (R1-Searcher, Song et al. 2025, arXiv:2503.05592, §4.2): Reinforce++ with a group
@@ -102,7 +102,7 @@ class StageConfig(StrictModel):
         None, description="Train only on questions of these types (Question.type: e.g. comparison, bridge-2hop; 2Wiki's "
         "compositional, inference); null = all."
     )
-    reward: RewardConfig = Field(default_factory=RewardConfig, description="Reward of this stage (SPEC §3).")
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="Reward of this stage (docs/concepts/rewards.md).")
     steps: int = Field(10, ge=0, description="Training steps (one rollout batch each).")
     prompts_per_step: int = Field(4, ge=1, description="Questions per step.")
     samples_per_prompt: int = Field(

@@ -1,5 +1,5 @@
-"""Losses of the policy update (SPEC §4): PPO clipped surrogate, KL to the reference, entropy;
-the masked NLL of the SFT baseline (SPEC §7).
+"""Losses of the policy update (docs/concepts/algorithms.md): PPO clipped surrogate, KL to the reference, entropy;
+the masked NLL of the SFT baseline (docs/guides/sft.md).
 
 Notation for tensor shapes:
     B  rollouts in the batch (prompts × samples per prompt)

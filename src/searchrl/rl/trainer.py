@@ -1,4 +1,4 @@
-"""The two-stage outcome-based RL run (R1-Searcher, SPEC §4-5): stages, data order, resume,
+"""The two-stage outcome-based RL run (R1-Searcher, docs/concepts/algorithms.md): stages, data order, resume,
 checkpoints. A step is `searchrl.rl.step.train_step`; the policy and its optimizer are the
 `Actor`, generation is the `RolloutWorker`'s.
 

@@ -1,4 +1,4 @@
-"""The rollout loop: the policy writes, the tools answer (README "Tools"), written against
+"""The rollout loop: the policy writes, the tools answer (docs/concepts/rollout.md), written against
 `GenerationBackend`, the protocol and the run's tools only.
 
 One batch of rollouts advances in rounds:

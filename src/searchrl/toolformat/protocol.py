@@ -1,5 +1,5 @@
 """The tool-call protocol (`protocol.format: tool-calls`): the model speaks its chat template's
-native tool calls, and any tool of the run's registry answers (README "Tools").
+native tool calls, and any tool of the run's registry answers (docs/concepts/protocols.md).
 
 `NativeProtocol` is what the rollout engine, rewards and evaluation read instead of the tag
 protocol's `Protocol`: the prompt (a system message, worked example conversations, the

@@ -2,7 +2,7 @@
 open, mypkg.tools:Weather]`) into tools, each given the run's `ToolContext`.
 
 A name is a registered tool (`TOOLS`: search, open, calculate) or the import path
-`package.module:ClassName` of a `Tool` subclass of the user's (README "Tools").
+`package.module:ClassName` of a `Tool` subclass of the user's (docs/guides/tools.md).
 """
 
 from __future__ import annotations

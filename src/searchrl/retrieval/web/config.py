@@ -51,7 +51,7 @@ class CondenseConfig(StrictModel):
 class WebConfig(StrictModel):
     """Web search as the retriever: a provider's top results, each page fetched and condensed into
     one passage (id = its URL). Keys and endpoints come from environment variables named after
-    the provider (BRAVE_API_KEY, SEARXNG_URL, ...; see the README)."""
+    the provider (BRAVE_API_KEY, SEARXNG_URL, ...; see docs/guides/web-search.md)."""
 
     provider: str | None = Field(None, description="google, brave, serper, serpapi or searxng; null = no web search.")
     url: str | None = Field(None, description="Endpoint of the provider; null = $<PROVIDER>_URL, else its public endpoint.")
