@@ -24,7 +24,6 @@ from pathlib import Path
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-PAGES = ("cli.md", "config.md", "metrics.md")
 REQUIRED = object()  # a key of a section that has no defaults to show
 
 
@@ -133,10 +132,14 @@ def _usage(path: str, cmd) -> str:
     return " ".join([path, "[OPTIONS]", *(_metavar(p) for p in params(cmd) if _is_argument(p))])
 
 
+CLI_INTRO = (
+    "Every `searchrl` command with its arguments and options, generated from the code "
+    "(`searchrl.docs_reference`); `searchrl COMMAND --help` prints the same."
+)
+
+
 def cli_page() -> str:
-    out = ["# Command line", "",
-           "Every `searchrl` command with its arguments and options, generated from the code "
-           "(`searchrl.docs_reference`); `searchrl COMMAND --help` prints the same.", ""]
+    out = ["# Command line", "", CLI_INTRO, ""]
     for path, cmd in commands():
         level = "#" * (2 if path.count(" ") <= 1 else 3)
         out += [f"{level} `{path}`", "", text(inspect.cleandoc(cmd.help or "")), ""]
@@ -235,14 +238,18 @@ def _default(value: object) -> str:
     return code(value if not isinstance(value, tuple) else list(value))
 
 
+CONFIG_INTRO = (
+    "Every key of every command's config, generated from the pydantic models "
+    "(`searchrl.docs_reference`). A YAML file given with `--config` sets them (nested sections as "
+    "mappings, `extends: OTHER.yaml` to start from another file); `key=value` overrides "
+    "(`searchrl train`'s arguments, `--set` elsewhere) set one, nested with dots: `rollout.max_searches=4`. "
+    "Unknown keys are errors. Defaults are the command's own (the training config searches the toy "
+    "world by default, for one)."
+)
+
+
 def config_page() -> str:
-    out = ["# Configuration", "",
-           "Every key of every command's config, generated from the pydantic models "
-           "(`searchrl.docs_reference`). A YAML file given with `--config` sets them (nested sections as "
-           "mappings, `extends: OTHER.yaml` to start from another file); `key=value` overrides "
-           "(`searchrl train`'s arguments, `--set` elsewhere) set one, nested with dots: `rollout.max_searches=4`. "
-           "Unknown keys are errors. Defaults are the command's own (the training config searches the toy "
-           "world by default, for one).", ""]
+    out = ["# Configuration", "", CONFIG_INTRO, ""]
     for command, model in config_models().items():
         out += [f"## `searchrl {command}`: {model.__name__}", "", text(inspect.cleandoc(model.__doc__ or "")), ""]
         sections: dict[str, list[tuple[str, ...]]] = {"": []}
@@ -281,17 +288,21 @@ def family_members() -> dict[str, Callable[[], list[str]]]:
             mn.TOOL_LATENCY.name: TOOLS.names, mn.WEB.name: lambda: list(COUNTERS), mn.HEALTH.name: lambda: list(MONITORS)}
 
 
+METRICS_INTRO = (
+    "Every key of a step record in a run's `metrics.jsonl` (mirrored to TensorBoard under the same "
+    "names), generated from the one schema that the trainer, the health monitors, the plots and the "
+    "demo read (`searchrl.metric_names`). A name with `<slot>` is a family: one key per value. "
+    "`null` means the step had nothing to measure (no reference model, no search, ...). "
+    "An SFT stage writes its own short record: the index keys, `sft_loss`, the token counts, the optimizer "
+    "keys and its timings."
+)
+
+
 def metrics_page() -> str:
     from searchrl import metric_names as mn
 
     members = family_members()
-    out = ["# Training metrics", "",
-           "Every key of a step record in a run's `metrics.jsonl` (mirrored to TensorBoard under the same "
-           "names), generated from the one schema that the trainer, the health monitors, the plots and the "
-           "demo read (`searchrl.metric_names`). A name with `<slot>` is a family: one key per value. "
-           "`null` means the step had nothing to measure (no reference model, no search, ...). "
-           "An SFT stage writes its own short record: the index keys, `sft_loss`, the token counts, the optimizer "
-           "keys and its timings.", ""]
+    out = ["# Training metrics", "", METRICS_INTRO, ""]
     for kind, what in mn.KINDS.items():
         rows = []
         for m in (m for m in mn.SCHEMA.values() if m.kind == kind):
