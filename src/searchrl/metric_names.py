@@ -160,4 +160,4 @@ def is_timing(key: str) -> bool:
     """Whether a step record's `key` measures time or caching (kind timing, and the step-time
     monitor's value), which differs between identical runs."""
     found = describe(key)
-    return found is not None and found.kind == "timing" or key in {HEALTH.key(m) for m in _TIMING_HEALTH}
+    return (found is not None and found.kind == "timing") or key in {HEALTH.key(m) for m in _TIMING_HEALTH}
