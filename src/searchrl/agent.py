@@ -46,7 +46,7 @@ class AgentConfig(StrictModel):
     tools: list[str] = Field(
         default_factory=lambda: ["search"], min_length=1,
         description="Tools the model may call: search, open, calculate, or your own as package.module:ClassName "
-        "(docs/guides/tools.md). The tag protocols speak search only.",
+        "(a class with a schema and an execute method). The tag protocols speak search only.",
     )
     rollout: RolloutConfig = Field(
         default_factory=RolloutConfig, description="Generation settings: backend, k, searches, budgets, temperature, top-p."

@@ -20,9 +20,10 @@ C = TypeVar("C", bound="StrictModel")
 
 
 class StrictModel(BaseModel):
-    """Base for every config: unknown keys rejected, assignments validated."""
+    """Base for every config: unknown keys rejected, assignments validated. A field's description
+    is its `Field(description=...)`, else the docstring right under it (the reference page reads it)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
 
 
 def parse_overrides(pairs: list[str]) -> dict:

@@ -19,6 +19,7 @@ from typing import Sequence
 from pydantic import Field
 from rich.console import Console
 
+from searchrl import metric_names as mn
 from searchrl.config import StrictModel, load_config
 from searchrl.errors import SearchRLError
 
@@ -112,33 +113,33 @@ def stage_summary(records: Sequence[dict]) -> dict:
     """
     out: dict = {}
     for stage in (1, 2):  # an SFT stage (configs/sft-demo-cpu.yaml) has no rollouts: its loss
-        sft = [r for r in records if r["stage"] == stage and "sft_loss" in r]
+        sft = [r for r in records if r[mn.STAGE] == stage and mn.SFT_LOSS in r]
         if sft:
             out[f"sft{stage}"] = {
                 "steps": len(sft),
-                "loss_first": sft[0]["sft_loss"],
-                "loss_last": sft[-1]["sft_loss"],
+                "loss_first": sft[0][mn.SFT_LOSS],
+                "loss_last": sft[-1][mn.SFT_LOSS],
             }
-    records = [r for r in records if "sft_loss" not in r]
-    s1 = [r for r in records if r["stage"] == 1]
+    records = [r for r in records if mn.SFT_LOSS not in r]
+    s1 = [r for r in records if r[mn.STAGE] == 1]
     if s1:
         out["stage1"] = {
             "steps": len(s1),
-            "search_rate_first": s1[0]["search_rate"],
-            "search_rate_last": s1[-1]["search_rate"],
-            "search_rate_max": max(r["search_rate"] for r in s1),
-            "format_ok_first": s1[0]["format_ok"],
-            "format_ok_last": s1[-1]["format_ok"],
+            "search_rate_first": s1[0][mn.SEARCH_RATE],
+            "search_rate_last": s1[-1][mn.SEARCH_RATE],
+            "search_rate_max": max(r[mn.SEARCH_RATE] for r in s1),
+            "format_ok_first": s1[0][mn.FORMAT_OK],
+            "format_ok_last": s1[-1][mn.FORMAT_OK],
         }
-    s2 = [r for r in records if r["stage"] == 2]
+    s2 = [r for r in records if r[mn.STAGE] == 2]
     if s2:
         q = max(1, len(s2) // 4)
         out["stage2"] = {
             "steps": len(s2),
-            "answer_f1_first_quarter": sum(r["answer_f1"] for r in s2[:q]) / q,
-            "answer_f1_last_quarter": sum(r["answer_f1"] for r in s2[-q:]) / q,
-            "format_ok_first_quarter": sum(r["format_ok"] for r in s2[:q]) / q,
-            "format_ok_last_quarter": sum(r["format_ok"] for r in s2[-q:]) / q,
+            "answer_f1_first_quarter": sum(r[mn.ANSWER_F1] for r in s2[:q]) / q,
+            "answer_f1_last_quarter": sum(r[mn.ANSWER_F1] for r in s2[-q:]) / q,
+            "format_ok_first_quarter": sum(r[mn.FORMAT_OK] for r in s2[:q]) / q,
+            "format_ok_last_quarter": sum(r[mn.FORMAT_OK] for r in s2[-q:]) / q,
         }
     return out
 

@@ -62,10 +62,10 @@ class ProtocolConfig(StrictModel):
 
     format: Literal["tags", "tool-calls"] = "tags"
     """`tags`: the paper's protocol, search queries between tags (the keys below). `tool-calls`:
-    the chat template's native tool calls, with the run's `tools` (docs/concepts/protocols.md)."""
+    the chat template's native tool calls, with the run's `tools`."""
     tags: str = "r1searcher"
     """Tag preset: `r1searcher` (barred tags of the authors' checkpoints) or `search-r1`
-    (single-word tags; the ones tiny models learn, docs/concepts/protocols.md)."""
+    (single-word tags; the ones tiny models learn)."""
     template: str | None = None
     """Prompt template. Tags (default `base`): `base` (completion models), `chat` (instruct models,
     needs the tokenizer's chat template), `fewshot` / `fewshot-chat` (two worked examples, for very

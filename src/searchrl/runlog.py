@@ -14,6 +14,7 @@ import math
 import sys
 from pathlib import Path
 
+from searchrl import metric_names as mn
 from searchrl.data.textio import iter_json_lines
 from searchrl.display import visible
 
@@ -28,8 +29,8 @@ Schema = dict[str, type | tuple[type, ...]]
 # The fields every reader of a file needs, with their types (a reader may ask for more); step
 # records (metrics, rolled back) hold only numbers and nulls besides.
 SCHEMAS: dict[str, Schema] = {
-    METRICS_FILE: {"stage": int, "step": int},
-    ROLLED_BACK_FILE: {"stage": int, "step": int, "rollback": int},
+    METRICS_FILE: {mn.STAGE: int, mn.STEP: int},
+    ROLLED_BACK_FILE: {mn.STAGE: int, mn.STEP: int, "rollback": int},
     ALARMS_FILE: {"step": int},
     ROLLBACKS_FILE: {"rollback": int, "step": int},
 }
@@ -39,15 +40,15 @@ _JSON_NAMES = {list: "array", str: "string", int: "number", float: "number", boo
 
 # The one-line console summary: (metrics key, label, format).
 _SUMMARY = (
-    ("reward", "reward", "{:+.3f}"),
-    ("search_rate", "search", "{:.2f}"),
-    ("format_ok", "format", "{:.2f}"),
-    ("answer_f1", "f1", "{:.3f}"),
-    ("sft_loss", "sft loss", "{:.3f}"),
-    ("response_tokens", "tokens", "{:.0f}"),
-    ("kl", "kl", "{:.4f}"),
-    ("web_requests", "web requests", "{:.0f}"),
-    ("step_seconds", "s", "{:.1f}"),
+    (mn.REWARD, "reward", "{:+.3f}"),
+    (mn.SEARCH_RATE, "search", "{:.2f}"),
+    (mn.FORMAT_OK, "format", "{:.2f}"),
+    (mn.ANSWER_F1, "f1", "{:.3f}"),
+    (mn.SFT_LOSS, "sft loss", "{:.3f}"),
+    (mn.RESPONSE_TOKENS, "tokens", "{:.0f}"),
+    (mn.KL, "kl", "{:.4f}"),
+    (mn.WEB.key("requests"), "web requests", "{:.0f}"),
+    (mn.STEP_SECONDS, "s", "{:.1f}"),
 )
 
 
@@ -133,14 +134,14 @@ class RunLogger:
         with self.path.open("a", encoding="utf-8") as fh:
             fh.write(json.dumps(record) + "\n")
             fh.flush()
-        step = record["step"]
+        step = record[mn.STEP]
         if self._tb is not None:
             for key, value in record.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
                     self._tb.add_scalar(key, value, step)
             self._tb.flush()
         if self.echo:
-            parts = [f"stage {record['stage']} step {step}"]
+            parts = [f"stage {record[mn.STAGE]} step {step}"]
             for key, label, fmt in _SUMMARY:
                 if record.get(key) is not None:
                     parts.append(f"{label} {fmt.format(record[key])}")

@@ -12,16 +12,17 @@ from collections.abc import Collection, Sequence
 from itertools import pairwise
 from pathlib import Path
 
+from searchrl import metric_names as mn
 from searchrl.errors import SearchRLError
 from searchrl.runlog import ALARMS_FILE, ROLLBACKS_FILE, ROLLED_BACK_FILE, read_events, read_metrics
 
 # (metrics key, title, y label)
 CURVES = (
-    ("reward", "Training reward", "reward"),
-    ("response_tokens", "Response length", "policy tokens per rollout"),
-    ("searches", "Searches per rollout", "searches"),
-    ("format_ok", "Format correct", "share of rollouts"),
-    ("answer_f1", "Answer F1", "F1"),
+    (mn.REWARD, "Training reward", "reward"),
+    (mn.RESPONSE_TOKENS, "Response length", "policy tokens per rollout"),
+    (mn.SEARCHES, "Searches per rollout", "searches"),
+    (mn.FORMAT_OK, "Format correct", "share of rollouts"),
+    (mn.ANSWER_F1, "Answer F1", "F1"),
 )
 _STAGE_COLORS = {1: "tab:blue", 2: "tab:orange"}
 
@@ -49,18 +50,18 @@ def _draw_health(ax, key: str, alarms: list[dict], rollbacks: list[dict], abando
 
 
 def _draw(ax, records: list[dict], key: str, title: str, ylabel: str, window: int) -> None:
-    for stage in sorted({r["stage"] for r in records}):
-        pts = [(r["step"], r[key]) for r in records if r["stage"] == stage and r.get(key) is not None]
+    for stage in sorted({r[mn.STAGE] for r in records}):
+        pts = [(r[mn.STEP], r[key]) for r in records if r[mn.STAGE] == stage and r.get(key) is not None]
         if not pts:
             continue
         steps, values = zip(*pts)
         color = _STAGE_COLORS.get(stage, "tab:gray")
         ax.plot(steps, values, color=color, alpha=0.3, linewidth=1)
         ax.plot(steps, _smooth(list(values), window), color=color, linewidth=2, label=f"Stage {stage}")
-    stages = sorted({r["stage"] for r in records})
+    stages = sorted({r[mn.STAGE] for r in records})
     for prev, nxt in pairwise(stages):
-        last = max(r["step"] for r in records if r["stage"] == prev)
-        first = min(r["step"] for r in records if r["stage"] == nxt)
+        last = max(r[mn.STEP] for r in records if r[mn.STAGE] == prev)
+        first = min(r[mn.STEP] for r in records if r[mn.STAGE] == nxt)
         ax.axvline((last + first) / 2, color="black", linestyle="--", linewidth=1)
     ax.set_title(title)
     ax.set_xlabel("step")

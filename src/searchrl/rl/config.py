@@ -102,7 +102,7 @@ class StageConfig(StrictModel):
         None, description="Train only on questions of these types (Question.type: e.g. comparison, bridge-2hop; 2Wiki's "
         "compositional, inference); null = all."
     )
-    reward: RewardConfig = Field(default_factory=RewardConfig, description="Reward of this stage (docs/concepts/rewards.md).")
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="Reward of this stage: its preset (stage1, stage2), magnitudes and added terms.")
     steps: int = Field(10, ge=0, description="Training steps (one rollout batch each).")
     prompts_per_step: int = Field(4, ge=1, description="Questions per step.")
     samples_per_prompt: int = Field(

@@ -25,6 +25,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from searchrl import metric_names as mn
 from searchrl.config import StrictModel
 from searchrl.errors import EXIT_FINDING, EXIT_OK, SearchRLError
 from searchrl.metrics import normalize_answer
@@ -152,19 +153,19 @@ def _spike(records: Sequence[dict], key: str, cfg: MonitorConfig, floor: float =
 
 
 def search_collapse(records: Sequence[dict], cfg: MonitorConfig) -> Reading:
-    return _vs_best(records, "search_rate", cfg)
+    return _vs_best(records, mn.SEARCH_RATE, cfg)
 
 
 def format_collapse(records: Sequence[dict], cfg: MonitorConfig) -> Reading:
-    return _vs_best(records, "format_ok", cfg)
+    return _vs_best(records, mn.FORMAT_OK, cfg)
 
 
 def answer_echo(records: Sequence[dict], cfg: MonitorConfig) -> Reading:
-    return _window_mean(records, "echo_rate", cfg)
+    return _window_mean(records, mn.ECHO_RATE, cfg)
 
 
 def length_drift(records: Sequence[dict], cfg: MonitorConfig) -> Reading:
-    values = _values(records, "response_tokens")
+    values = _values(records, mn.RESPONSE_TOKENS)
     recent = _mean_last(values, cfg.window)
     if recent is None or len(values) < 2 * cfg.window:  # a baseline apart from the window
         return None, False
@@ -176,19 +177,19 @@ def length_drift(records: Sequence[dict], cfg: MonitorConfig) -> Reading:
 
 
 def entropy_collapse(records: Sequence[dict], cfg: MonitorConfig) -> Reading:
-    return _vs_best(records, "entropy", cfg)
+    return _vs_best(records, mn.ENTROPY, cfg)
 
 
 def flat_groups(records: Sequence[dict], cfg: MonitorConfig) -> Reading:
-    return _window_mean(records, "flat_groups", cfg)
+    return _window_mean(records, mn.FLAT_GROUPS, cfg)
 
 
 def logprob_mismatch(records: Sequence[dict], cfg: MonitorConfig) -> Reading:
-    return _spike(records, "logprob_mismatch", cfg, floor=1e-3)
+    return _spike(records, mn.LOGPROB_MISMATCH, cfg, floor=1e-3)
 
 
 # A NaN in any of these poisons the weights (loss, gradients) or shows they already are (log-probs).
-NONFINITE_KEYS = ("pg_loss", "sft_loss", "kl_loss", "grad_norm", "kl", "entropy", "logprob_mismatch", "reward")
+NONFINITE_KEYS = (mn.PG_LOSS, mn.SFT_LOSS, mn.KL_LOSS, mn.GRAD_NORM, mn.KL, mn.ENTROPY, mn.LOGPROB_MISMATCH, mn.REWARD)
 
 
 def nonfinite(records: Sequence[dict], cfg: MonitorConfig) -> Reading:
@@ -199,9 +200,9 @@ def nonfinite(records: Sequence[dict], cfg: MonitorConfig) -> Reading:
 def step_time(records: Sequence[dict], cfg: MonitorConfig) -> Reading:
     # A step whose rewards were all equal skips the update and takes a fraction of the time (16 s
     # against 68 s in the demo): compare steps that updated with steps that updated.
-    if records and records[-1].get("updates") == 0:
+    if records and records[-1].get(mn.UPDATES) == 0:
         return None, False
-    return _spike([r for r in records if r.get("updates") != 0], "step_seconds", cfg)
+    return _spike([r for r in records if r.get(mn.UPDATES) != 0], mn.STEP_SECONDS, cfg)
 
 
 MONITORS: dict[str, Monitor] = {
@@ -292,7 +293,7 @@ class HealthWatch:
             self.observe(rec)
 
     def observe(self, record: dict) -> tuple[dict[str, float | None], list[Alarm]]:
-        if self.records and self.records[-1]["stage"] != record["stage"]:
+        if self.records and self.records[-1][mn.STAGE] != record[mn.STAGE]:
             self.records, self.firing = [], set()  # a new stage: new data, new reward, new baselines
         self.records.append(record)
         values, alarms = {}, []
@@ -303,7 +304,7 @@ class HealthWatch:
             value, fired = monitor(self.records, mcfg)
             values[name] = value
             if fired and name not in self.firing:
-                alarms.append(Alarm(name, record["stage"], record["step"], value, mcfg.threshold, mcfg.action,
+                alarms.append(Alarm(name, record[mn.STAGE], record[mn.STEP], value, mcfg.threshold, mcfg.action,
                                     _message(name, value, mcfg)))
             (self.firing.add if fired else self.firing.discard)(name)
         return values, alarms

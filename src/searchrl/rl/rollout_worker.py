@@ -11,6 +11,7 @@ hands it the actor's new weights (`sync_weights`).
 
 from __future__ import annotations
 
+from searchrl import metric_names as mn
 from searchrl.agent import Agent, build_agent, load_backend
 from searchrl.data.trajectory import Trajectory
 from searchrl.data.types import Question
@@ -76,7 +77,7 @@ class RolloutWorker:
         if now is None:
             return {}
         before, self._spent = self._spent, now
-        return {**{f"web_{c}": round(now[c] - before[c], 6) for c in COUNTERS}, "web_cost_usd_total": now["cost_usd"]}
+        return {**{mn.WEB.key(c): round(now[c] - before[c], 6) for c in COUNTERS}, mn.WEB_COST_USD_TOTAL: now["cost_usd"]}
 
     def searched(self) -> RetrievalCounts:
         """This process's queries, cache hits and seconds in search since the last call."""

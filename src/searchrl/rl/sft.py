@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from searchrl import metric_names as mn
 from searchrl.data.textio import iter_json_lines
 from searchrl.data.types import Question
 from searchrl.errors import SearchRLError
@@ -126,20 +127,20 @@ def sft_step(
     trajs = [t for _, t in pairs]
     policy = [sum(t.loss_mask) for t in trajs]
     record = {
-        "stage": at.stage,
-        "step": at.step,
-        "stage_step": at.stage_step + 1,
-        "sft_loss": stats.pg_loss,  # the masked NLL per policy token, as minimised (mean over optimizer steps)
-        "searches": float(np.mean([t.n_searches for t in trajs])),
-        "response_tokens": float(np.mean(policy)),
-        "env_tokens": float(np.mean([len(t.token_ids) - n for t, n in zip(trajs, policy)])),
-        "grad_norm": stats.grad_norm,
-        "updates": stats.updates,
-        "lr": stats.lr,
-        "rollouts": len(trajs),
-        "build_seconds": build_s,
-        "update_seconds": update_s,
-        "step_seconds": step_s,
+        mn.STAGE: at.stage,
+        mn.STEP: at.step,
+        mn.STAGE_STEP: at.stage_step + 1,
+        mn.SFT_LOSS: stats.pg_loss,  # the masked NLL per policy token, as minimised (mean over optimizer steps)
+        mn.SEARCHES: float(np.mean([t.n_searches for t in trajs])),
+        mn.RESPONSE_TOKENS: float(np.mean(policy)),
+        mn.ENV_TOKENS: float(np.mean([len(t.token_ids) - n for t, n in zip(trajs, policy)])),
+        mn.GRAD_NORM: stats.grad_norm,
+        mn.UPDATES: stats.updates,
+        mn.LR: stats.lr,
+        mn.ROLLOUTS: len(trajs),
+        mn.BUILD_SECONDS: build_s,
+        mn.UPDATE_SECONDS: update_s,
+        mn.STEP_SECONDS: step_s,
     }
     samples = []
     for q, t in pairs:

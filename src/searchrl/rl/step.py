@@ -26,6 +26,7 @@ from dataclasses import asdict, astuple, dataclass
 import numpy as np
 import torch
 
+from searchrl import metric_names as mn
 from searchrl.data.trajectory import STOP_REASONS, Trajectory
 from searchrl.data.types import Question
 from searchrl.format_rules import FORMAT_RULES
@@ -43,13 +44,12 @@ from searchrl.tools.metrics import tool_metrics
 
 # Keys of a step record that measure time or caching, not learning (they differ between identical
 # runs: a resumed run starts with an empty query cache, and each rank has its own).
-TIMING_KEYS = ("step_seconds", "rollout_seconds", "logprob_seconds", "update_seconds", "tokens_per_s", "health_step_time",
-               "retrieval_s", "retrieval_cache_hit_rate")
+TIMING_KEYS = tuple(name for name, m in mn.SCHEMA.items() if m.kind == "timing" and m.slot is None) + (mn.HEALTH.key("step_time"),)
 
 
 def is_timing(key: str) -> bool:
     """Whether a step record's `key` measures time or caching (`TIMING_KEYS`, tool latencies)."""
-    return key in TIMING_KEYS or (key.startswith("tools/") and key.endswith("/latency_s"))
+    return mn.is_timing(key)
 
 
 @dataclass(frozen=True)
@@ -126,9 +126,9 @@ def retrieval_record(per_rank: list[RetrievalCounts]) -> dict:
     queries = sum(c.queries for c in per_rank)
     hits = sum(c.cache_hits for c in per_rank)
     return {
-        "retrieval_s": max(c.seconds for c in per_rank),
-        "retrieval_queries": queries,
-        "retrieval_cache_hit_rate": hits / queries if queries and any(c.cached for c in per_rank) else None,
+        mn.RETRIEVAL_S: max(c.seconds for c in per_rank),
+        mn.RETRIEVAL_QUERIES: queries,
+        mn.RETRIEVAL_CACHE_HIT_RATE: hits / queries if queries and any(c.cached for c in per_rank) else None,
     }
 
 
@@ -194,39 +194,39 @@ def record(at: StepIndex, scored: Scored, sums: torch.Tensor, stats: UpdateStats
         return float(col[name].sum()) / max(tokens, 1.0)
 
     out = {
-        "stage": at.stage,
-        "step": at.step,
-        "stage_step": at.stage_step + 1,
-        "reward": _mean(r.total for r in rewards),
-        "reward_retrieve": _mean(r.retrieve for r in rewards),
-        "reward_format": _mean(r.format for r in rewards),
-        "reward_answer": _mean(r.answer for r in rewards),
-        "reward_std": float(np.std([r.total for r in rewards])),
-        "search_rate": _mean(t.n_searches >= 1 for t in trajs),
-        "searches": _mean(t.n_searches for t in trajs),
-        "truncated_documents": _mean(t.truncated_documents for t in trajs),  # blocks cut to fit the context, per rollout
-        "format_ok": _mean(r.format_ok for r in rewards),
-        "answer_f1": _mean(f1(t.answer, q.answers) for t, q in zip(trajs, scored.questions)),
-        "answer_rate": _mean(t.answer is not None for t in trajs),
-        "echo_rate": _mean_known(echoes(t.answer, q.question, q.answers, q.type) for t, q in zip(trajs, scored.questions)),
-        "flat_groups": flat_share([r.total for r in rewards], scored.group_ids),
-        "response_tokens": float(col["policy_tokens"].mean()),
-        "env_tokens": float((col["response_tokens"] - col["policy_tokens"]).mean()),
-        "kl": per_token("kl") if have_old and has_ref else None,
-        "entropy": per_token("entropy") if have_old else None,
-        "logprob_mismatch": per_token("mismatch") if have_old else None,
+        mn.STAGE: at.stage,
+        mn.STEP: at.step,
+        mn.STAGE_STEP: at.stage_step + 1,
+        mn.REWARD: _mean(r.total for r in rewards),
+        mn.REWARD_RETRIEVE: _mean(r.retrieve for r in rewards),
+        mn.REWARD_FORMAT: _mean(r.format for r in rewards),
+        mn.REWARD_ANSWER: _mean(r.answer for r in rewards),
+        mn.REWARD_STD: float(np.std([r.total for r in rewards])),
+        mn.SEARCH_RATE: _mean(t.n_searches >= 1 for t in trajs),
+        mn.SEARCHES: _mean(t.n_searches for t in trajs),
+        mn.TRUNCATED_DOCUMENTS: _mean(t.truncated_documents for t in trajs),  # blocks cut to fit the context, per rollout
+        mn.FORMAT_OK: _mean(r.format_ok for r in rewards),
+        mn.ANSWER_F1: _mean(f1(t.answer, q.answers) for t, q in zip(trajs, scored.questions)),
+        mn.ANSWER_RATE: _mean(t.answer is not None for t in trajs),
+        mn.ECHO_RATE: _mean_known(echoes(t.answer, q.question, q.answers, q.type) for t, q in zip(trajs, scored.questions)),
+        mn.FLAT_GROUPS: flat_share([r.total for r in rewards], scored.group_ids),
+        mn.RESPONSE_TOKENS: float(col["policy_tokens"].mean()),
+        mn.ENV_TOKENS: float((col["response_tokens"] - col["policy_tokens"]).mean()),
+        mn.KL: per_token("kl") if have_old and has_ref else None,
+        mn.ENTROPY: per_token("entropy") if have_old else None,
+        mn.LOGPROB_MISMATCH: per_token("mismatch") if have_old else None,
         **asdict(stats),
-        "rollouts": len(trajs),
-        "tokens_per_s": tokens / max(timing.rollout_seconds, 1e-9),
+        mn.ROLLOUTS: len(trajs),
+        mn.TOKENS_PER_S: tokens / max(timing.rollout_seconds, 1e-9),
         **asdict(timing),
         **tool_metrics([t.tool_calls for t in trajs], [t.timing for t in trajs], tools),
     }
     for name in dict.fromkeys(n for r in rewards for n in r.terms):  # the stage's terms, weighted
-        out[f"reward/{name}"] = _mean(r.terms[name] for r in rewards)
+        out[mn.REWARD_TERM.key(name)] = _mean(r.terms[name] for r in rewards)
     for reason in STOP_REASONS:
-        out[f"stop_{reason}"] = _mean(t.stop_reason == reason for t in trajs)
+        out[mn.STOP.key(reason)] = _mean(t.stop_reason == reason for t in trajs)
     for rule in FORMAT_RULES:  # which rule holds format_ok down
-        out[f"format_failed_{rule}"] = _mean(rule in r.failed_rules for r in rewards)
+        out[mn.FORMAT_FAILED.key(rule)] = _mean(rule in r.failed_rules for r in rewards)
     return out
 
 

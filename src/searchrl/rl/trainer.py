@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from searchrl import metric_names as mn
 from searchrl.config import dump_config
 from searchrl.errors import SearchRLError
 from searchrl.rl import checkpoint as ckpt
@@ -156,7 +157,7 @@ def _train(cfg: TrainConfig, resume: Path | None, stages: list[int] | None, d: D
                 stop = rolled = None
                 if d.main:
                     values, alarms = watch.observe(record)
-                    record.update({f"health_{name}": v for name, v in values.items()})
+                    record.update({mn.HEALTH.key(name): v for name, v in values.items()})
                     logger.log(record)
                     _write_samples(run_dir, step, samples, cfg)
                     report(run_dir, alarms)

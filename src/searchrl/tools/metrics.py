@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from searchrl import metric_names as mn
 from searchrl.tools.batch import INVALID
 
 
@@ -36,8 +37,8 @@ def tool_metrics(calls: Sequence[Sequence[dict]], timings: Sequence[dict], tools
     for name in tools:
         served = sum(c["name"] == name and c["error"] not in (*INVALID, "budget") for c in attempts)  # that ran
         seconds = sum(t.get(f"tools/{name}_s", 0.0) for t in timings)
-        out[f"tools/{name}/calls"] = sum(c["name"] == name for c in attempts) / n
-        out[f"tools/{name}/latency_s"] = seconds / served if served else None
-    out["tools/invalid_rate"] = sum(c["error"] in INVALID for c in attempts) / len(attempts) if attempts else 0.0
-    out["tools/refused_rate"] = sum(c["error"] == "budget" for c in attempts) / len(attempts) if attempts else 0.0
+        out[mn.TOOL_CALLS.key(name)] = sum(c["name"] == name for c in attempts) / n
+        out[mn.TOOL_LATENCY.key(name)] = seconds / served if served else None
+    out[mn.TOOLS_INVALID_RATE] = sum(c["error"] in INVALID for c in attempts) / len(attempts) if attempts else 0.0
+    out[mn.TOOLS_REFUSED_RATE] = sum(c["error"] == "budget" for c in attempts) / len(attempts) if attempts else 0.0
     return out

@@ -1,0 +1,163 @@
+"""The names of a training step's metrics: one schema that the trainer (`rl.step`, `rl.sft`), the
+health monitors (`rl.health`), the console line and TensorBoard (`runlog`), the plots
+(`eval.plots`, `searchrl plot`) and the demo read, and the reference page `docs/reference/metrics.md`
+is generated from (`searchrl.docs_reference`).
+
+Each metric is a `Metric`: a name, its kind and a one-line meaning. A *family* is a name with one
+`<slot>` (`reward/<term>`, `tools/<name>/calls`): `key(value)` spells one member, `matches(key)`
+says whether a record key belongs to it. The constants below are the names; code writes and reads
+`metric_names.SEARCH_RATE`, never the string, so a renamed metric cannot leave a reader behind.
+
+A leaf module (standard library only): every part of the package may import it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# What each kind groups, in the order the reference page lists them.
+KINDS = {
+    "index": "Where the record sits in the run.",
+    "reward": "The outcome reward of the step's rollouts (mean over rollouts).",
+    "learning": "The policy update: losses, KL, entropy, ratio statistics, optimizer.",
+    "rollout": "What the policy did in its rollouts (means over the step's rollouts).",
+    "format": "The format check of the rewards: who passes it and which rule fails.",
+    "retrieval": "Searches the step made.",
+    "tools": "Tool calls (tag protocols count their one search tool too).",
+    "web": "Web search spending (only with `retrieval.web`).",
+    "health": "The health monitors' values after the step (`health.*` in the training config).",
+    "timing": "Time and caching: these differ between identical runs (a resumed run starts with an empty cache).",
+}
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric, or a family of them when `name` holds a `<slot>`."""
+
+    name: str
+    kind: str
+    meaning: str
+
+    @property
+    def slot(self) -> str | None:
+        found = re.search(r"<(\w+)>", self.name)
+        return found[1] if found else None
+
+    def key(self, value: str) -> str:
+        """The member of a family: `Metric("reward/<term>", ...).key("format") == "reward/format"`."""
+        if self.slot is None:
+            raise ValueError(f"metric {self.name} is not a family")
+        return self.name.replace(f"<{self.slot}>", value)
+
+    def matches(self, key: str) -> bool:
+        if self.slot is None:
+            return key == self.name
+        before, after = self.name.split(f"<{self.slot}>")
+        return key.startswith(before) and key.endswith(after) and len(key) > len(before) + len(after)
+
+
+SCHEMA: dict[str, Metric] = {}
+
+
+def _metric(name: str, kind: str, meaning: str) -> str:
+    assert name not in SCHEMA and kind in KINDS, name
+    SCHEMA[name] = Metric(name, kind, meaning)
+    return name
+
+
+def _family(name: str, kind: str, meaning: str) -> Metric:
+    _metric(name, kind, meaning)
+    return SCHEMA[name]
+
+
+# --- index
+STAGE = _metric("stage", "index", "Training stage of the step: 1 (learn to search) or 2 (learn to use the results).")
+STEP = _metric("step", "index", "Step of the run, from 1, counted over both stages.")
+STAGE_STEP = _metric("stage_step", "index", "Step within its stage, from 1.")
+
+# --- reward (rl stages)
+REWARD = _metric("reward", "reward", "Mean total reward: the stage's weighted terms summed.")
+REWARD_RETRIEVE = _metric("reward_retrieve", "reward", "Mean weighted retrieve term (Stage 1's reward for searching; 0 where its weight is 0).")
+REWARD_FORMAT = _metric("reward_format", "reward", "Mean weighted format term: the stage's bonus for passing the format check or its penalty for failing.")
+REWARD_ANSWER = _metric("reward_answer", "reward", "Mean weighted answer term (Stage 2's answer score against the gold answers; 0 where its weight is 0).")
+REWARD_STD = _metric("reward_std", "reward", "Standard deviation of the total reward over the step's rollouts.")
+REWARD_TERM = _family("reward/<term>", "reward", "Mean of one reward term of the stage as weighted into the total.")
+
+# --- learning
+PG_LOSS = _metric("pg_loss", "learning", "Clipped policy-gradient loss as minimised, mean over the optimizer steps.")
+KL_LOSS = _metric("kl_loss", "learning", "The k3 KL loss term (0 unless algorithm.kl_kind is k3-loss).")
+SFT_LOSS = _metric("sft_loss", "learning", "SFT stages only: masked NLL per policy token, mean over the optimizer steps.")
+KL = _metric("kl", "learning", "k3 KL of the policy to the reference per policy token (null without a reference model).")
+ENTROPY = _metric("entropy", "learning", "Policy entropy per policy token, in nats (null when no log-prob pass ran).")
+LOGPROB_MISMATCH = _metric("logprob_mismatch", "learning",
+                           "Mean |sampler log-prob − actor log-prob| per policy token: how far generation and training disagree.")
+CLIP_FRAC = _metric("clip_frac", "learning", "Share of policy tokens whose clipped branch won (they get no gradient).")
+APPROX_KL = _metric("approx_kl", "learning", "k3 estimate of KL(old ‖ new) over the updates, per policy token.")
+RATIO_MEAN = _metric("ratio_mean", "learning", "Mean importance ratio new / old over the policy tokens trained on.")
+GRAD_NORM = _metric("grad_norm", "learning", "Global gradient norm before clipping, mean over the optimizer steps.")
+UPDATES = _metric("updates", "learning", "Optimizer steps taken (0 when every group's rewards were equal).")
+LR = _metric("lr", "learning", "Learning rate of the step's last update.")
+
+# --- rollout
+ROLLOUTS = _metric("rollouts", "rollout", "Rollouts in the step, over every process.")
+SEARCH_RATE = _metric("search_rate", "rollout", "Share of rollouts that searched at least once.")
+SEARCHES = _metric("searches", "rollout", "Searches per rollout.")
+TRUNCATED_DOCUMENTS = _metric("truncated_documents", "rollout", "Retrieved-document blocks cut to fit the context, per rollout.")
+ANSWER_F1 = _metric("answer_f1", "rollout", "Mean token F1 of the answers against the gold answers (no answer scores 0).")
+ANSWER_RATE = _metric("answer_rate", "rollout", "Share of rollouts that gave an answer.")
+ECHO_RATE = _metric("echo_rate", "rollout",
+                    "Share of comparison-like answers that name both candidates or the gold plus another (null: none comparison-like).")
+FLAT_GROUPS = _metric("flat_groups", "rollout", "Share of question groups whose rewards are all equal: no learning signal.")
+RESPONSE_TOKENS = _metric("response_tokens", "rollout", "Policy tokens per rollout (what the loss trains on).")
+ENV_TOKENS = _metric("env_tokens", "rollout", "Environment tokens per rollout: retrieved documents and tool results (loss mask 0).")
+STOP = _family("stop_<reason>", "rollout", "Share of rollouts that ended for this reason.")
+
+# --- format
+FORMAT_OK = _metric("format_ok", "format", "Share of rollouts that pass the format check.")
+FORMAT_FAILED = _family("format_failed_<rule>", "format", "Share of rollouts failing this rule of the format check.")
+
+# --- retrieval
+RETRIEVAL_QUERIES = _metric("retrieval_queries", "retrieval", "Queries searched in the step, over every process.")
+
+# --- tools (written by `searchrl.tools.metrics`)
+TOOL_CALLS = _family("tools/<name>/calls", "tools", "Calls of the tool per rollout, served or refused.")
+TOOL_LATENCY = _family("tools/<name>/latency_s", "timing", "Wall seconds per call of the tool that ran (null when none ran).")
+TOOLS_INVALID_RATE = _metric("tools/invalid_rate", "tools",
+                             "Share of call attempts that were the policy's mistakes: malformed, an unknown tool, bad arguments.")
+TOOLS_REFUSED_RATE = _metric("tools/refused_rate", "tools", "Share of call attempts refused for being over a budget.")
+
+# --- web
+WEB = _family("web_<counter>", "web", "The counter's increase over the step: requests, cache hits, pages, page failures, dollars.")
+WEB_COST_USD_TOTAL = _metric("web_cost_usd_total", "web", "Dollars the run's web searches have cost so far.")
+
+# --- health
+HEALTH = _family("health_<monitor>", "health", "The monitor's value after the step (null when it has nothing to judge yet).")
+
+# --- timing
+STEP_SECONDS = _metric("step_seconds", "timing", "Wall seconds of the whole step (the slowest process's).")
+ROLLOUT_SECONDS = _metric("rollout_seconds", "timing", "Wall seconds generating the rollouts, searches included.")
+LOGPROB_SECONDS = _metric("logprob_seconds", "timing", "Wall seconds scoring rollouts and computing reference and old log-probs.")
+UPDATE_SECONDS = _metric("update_seconds", "timing", "Wall seconds of the policy updates and the weight sync to the generator.")
+BUILD_SECONDS = _metric("build_seconds", "timing", "SFT stages only: wall seconds writing the gold trajectories.")
+TOKENS_PER_S = _metric("tokens_per_s", "timing", "Policy tokens generated per second of the rollout phase.")
+RETRIEVAL_S = _metric("retrieval_s", "timing", "Wall seconds in search (the slowest process's; cache lookups included).")
+RETRIEVAL_CACHE_HIT_RATE = _metric("retrieval_cache_hit_rate", "timing",
+                                   "Share of queries answered without a search of their own (null: no searches or no cache).")
+
+# A monitor's value that is a ratio of times: it differs between identical runs as timing does.
+_TIMING_HEALTH = ("step_time",)
+
+
+def describe(key: str) -> Metric | None:
+    """The schema entry of a record key: its own, else its family's; None when it has none."""
+    if key in SCHEMA:
+        return SCHEMA[key]
+    return next((m for m in SCHEMA.values() if m.slot and m.matches(key)), None)
+
+
+def is_timing(key: str) -> bool:
+    """Whether a step record's `key` measures time or caching (kind timing, and the step-time
+    monitor's value), which differs between identical runs."""
+    found = describe(key)
+    return (found is not None and found.kind == "timing") or key in {HEALTH.key(m) for m in _TIMING_HEALTH}
