@@ -21,8 +21,10 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from searchrl.card import model_card
 from searchrl.data.types import Passage
 from searchrl.errors import SearchRLError
+from searchrl.prompts import resolve_template
 from searchrl.rl import checkpoint as ckpt
 
 MANIFEST = "searchrl.json"
@@ -141,35 +143,31 @@ def export(source: str | Path, out: str | Path, *, adapter: bool = False, evals:
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise SearchRLError(f"--out {out} already exists and is not an empty folder; choose another --out or remove it")
-    cfg = run_config(checkpoint)
-    state = json.loads((checkpoint / ckpt.STATE_FILE).read_text(encoding="utf-8"))
+    run = run_dir_of(checkpoint)
+    cfg, evals = run_config(checkpoint), eval_dirs(run, evals)  # before the weights: a bad input fails at once
     model, tokenizer = _load_weights(checkpoint, cfg, adapter)
     recorded, stops, protocol = _served_protocol(cfg, tokenizer)
-    gen = _generation_config(model, tokenizer, cfg, stops, protocol)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         model.save_pretrained(tmp)  # safetensors; with `adapter`, the adapter's files alone
         tokenizer.save_pretrained(tmp)
-        gen.save_pretrained(tmp)
-        if cfg.protocol.format == "tags" and Path(recorded["template"]).is_file():
-            shutil.copyfile(recorded["template"], tmp / PROMPT_FILE)
-            recorded["template"] = PROMPT_FILE
-        parser = VLLM_TOOL_PARSERS.get(recorded["call_format"]) if cfg.protocol.format == "tool-calls" else None
+        _generation_config(model, tokenizer, cfg, stops, protocol).save_pretrained(tmp)
+        examples = None
+        if cfg.protocol.format == "tags":
+            examples = (protocol.prompt(EXAMPLE_QUESTION, tokenizer), protocol.format_documents(EXAMPLE_PASSAGES))
+            if isinstance(resolve_template(recorded["template"]), Path):  # the run's own file travels along
+                shutil.copyfile(recorded["template"], tmp / PROMPT_FILE)
+                recorded["template"] = PROMPT_FILE
+        state = json.loads((checkpoint / ckpt.STATE_FILE).read_text(encoding="utf-8"))
         manifest = {"version": MANIFEST_VERSION, "base_model": cfg.model, "checkpoint": str(checkpoint),
                     "step": state["step"], "weights": "adapter" if adapter else "full", "protocol": recorded,
                     "tools": cfg.tools, "stop": stops,
                     "sampling": {"temperature": cfg.rollout.temperature, "top_p": cfg.rollout.top_p},
-                    "vllm_tool_call_parser": parser}
+                    "vllm_tool_call_parser": VLLM_TOOL_PARSERS.get(recorded["call_format"])}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-        from searchrl.card import model_card
-
-        run = run_dir_of(checkpoint)
-        examples = None
-        if cfg.protocol.format == "tags":
-            examples = (protocol.prompt(EXAMPLE_QUESTION, tokenizer), protocol.format_documents(EXAMPLE_PASSAGES))
-        (tmp / "README.md").write_text(model_card(manifest, cfg, run, eval_dirs(run, evals), repo or str(out), examples))
+        (tmp / "README.md").write_text(model_card(manifest, cfg, run, evals, repo or str(out), examples))
         tmp.chmod(0o755)
         if out.exists():  # an empty folder
             out.rmdir()

