@@ -100,7 +100,7 @@ def _results(run: Path, evals: Sequence[Path]) -> list[str]:
 
 
 def _protocol(manifest: dict, examples: tuple[str, str] | None) -> list[str]:
-    p, stops = manifest["protocol"], ", ".join(f"`{s}`" for s in manifest["stop"])
+    p, stops = manifest["protocol"], ", ".join(f"`{json.dumps(s)}`" for s in manifest["stop"])  # JSON: "\nUser:" shows
     lines = ["## How it talks to its tools", ""]
     if p["format"] == "tags":
         where = " (the run's own template file, in this folder)" if p["template"].endswith(".txt") else ""

@@ -180,20 +180,22 @@ def export(source: str | Path, out: str | Path, *, adapter: bool = False, evals:
 
 def _generation_config(model, tokenizer, cfg, stops: list[str], protocol):
     """The model's generation config with the run's sampling and the protocol's stops: every
-    end-of-turn token of a native chat is an EOS id (servers stop there by themselves), the stop
-    strings are there for `generate(..., tokenizer=tok)`; a server takes them per request."""
+    end-of-turn token of a native chat is an EOS id (servers stop there by themselves); a tag
+    protocol's stop strings are there for `generate(..., tokenizer=tok)` (transformers refuses
+    stop strings without the tokenizer, so a native export, whose stops are tokens, sets none)."""
     from transformers import GenerationConfig
 
     gen = getattr(model, "generation_config", None) or GenerationConfig.from_model_config(model.config)
     eos = gen.eos_token_id if isinstance(gen.eos_token_id, list) else [gen.eos_token_id]
     if cfg.protocol.format == "tool-calls":
         eos = eos + list(protocol.chat.stop_ids)
+    else:
+        gen.stop_strings = stops
     ids = sorted({i for i in eos if i is not None})
     gen.eos_token_id = ids[0] if len(ids) == 1 else ids
     gen.pad_token_id = tokenizer.pad_token_id
     gen.do_sample = True
     gen.temperature, gen.top_p = cfg.rollout.temperature, cfg.rollout.top_p
-    gen.stop_strings = stops
     return gen
 
 

@@ -104,7 +104,9 @@ def test_native_run_exports_its_chat_template_and_turn_ends(world, tmp_path):
     assert manifest["vllm_tool_call_parser"] == "hermes" and manifest["protocol"]["chat_template"] is None
     cfg = load_config(TrainConfig, run / "config.yaml")
     trained = build_protocol(cfg, load_model(str(run / "checkpoints" / "step_0001"))[1])
-    eos = GenerationConfig.from_pretrained(out).eos_token_id
+    gen = GenerationConfig.from_pretrained(out)
+    eos = gen.eos_token_id
+    assert gen.stop_strings is None  # its stops are tokens: a plain generate() needs no tokenizer
     assert set(trained.chat.stop_ids) <= set(eos if isinstance(eos, list) else [eos])
     asked = build_protocol(load_config(AskConfig, None, [*export_overrides(str(out)), f"model={out}"]), tok)
     assert asked.prompt_ids("Where is Town 2?") == trained.prompt_ids("Where is Town 2?")
