@@ -139,10 +139,10 @@ def export(source: str | Path, out: str | Path, *, adapter: bool = False, evals:
     """Export the checkpoint `source` names (a run: its newest) into the new folder `out`;
     `evals`: evaluation folders (`eval run --out`) for the card besides the ones found beside the run;
     `repo`: the Hub repo it will be uploaded to (the name the card's examples load)."""
-    checkpoint = find_checkpoint(source)
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise SearchRLError(f"--out {out} already exists and is not an empty folder; choose another --out or remove it")
+    checkpoint = find_checkpoint(source)
     run = run_dir_of(checkpoint)
     cfg, evals = run_config(checkpoint), eval_dirs(run, evals)  # before the weights: a bad input fails at once
     model, tokenizer = _load_weights(checkpoint, cfg, adapter)
