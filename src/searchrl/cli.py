@@ -489,6 +489,21 @@ def health(
     raise typer.Exit(health_command(Path(run), as_json))
 
 
+# --- export ---
+@app.command("export")
+def export_model(
+    source: str = typer.Argument(..., help="Run directory of `searchrl train` (its newest checkpoint is exported) or one checkpoint folder (RUN/checkpoints/step_XXXX)."),
+    out: str = typer.Option(..., "--out", help="New folder for the Hugging Face model (weights, tokenizer, chat template, generation config, searchrl.json, README.md card)."),
+    adapter: bool = typer.Option(False, "--adapter/--merge-lora", help="LoRA runs: save the adapter alone (load it with peft) instead of merging it into the base weights (default)."),
+    evals: list[str] | None = typer.Option(None, "--eval", help="Folder written by `searchrl eval run --out` whose table goes into the card (repeatable); a demo's evaluations are found by themselves."),
+    push_to_hub: str | None = typer.Option(None, "--push-to-hub", help="Also upload the folder to this Hugging Face Hub repo (user/name; created if missing, needs `hf auth login`)."),
+) -> None:
+    """Export a trained policy as a Hugging Face model folder with a model card, ready for transformers, vLLM and `searchrl ask`."""
+    from searchrl.export import export_command
+
+    export_command(source, out, adapter, evals or [], push_to_hub)
+
+
 # --- demo ---
 @app.command()
 def demo(

