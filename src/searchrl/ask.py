@@ -24,6 +24,7 @@ from searchrl.agent import AgentConfig, build_agent
 from searchrl.data.trajectory import Trajectory
 from searchrl.data.types import Question
 from searchrl.display import visible
+from searchrl.profiles import announce
 from searchrl.retrieval import RetrievalConfig
 from searchrl.rollout.backend import (
     Continuation,
@@ -169,6 +170,7 @@ def ask(
     be passed to reuse a loaded model; `chunk` is how many tokens appear at a time (the backend
     must match stop strings across calls, as the transformers one does)."""
     cfg = cfg or AskConfig()
+    announce(cfg)
     agent = build_agent(cfg, backend)
     q = Question("ask", question, ())
     try:

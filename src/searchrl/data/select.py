@@ -36,6 +36,7 @@ from searchrl.data.select_config import SelectConfig
 from searchrl.data.textio import read_appended_jsonl
 from searchrl.data.types import Question
 from searchrl.errors import SearchRLError, listing
+from searchrl.profiles import announce
 
 PROGRESS = "progress.jsonl"
 
@@ -135,6 +136,7 @@ def run_select(cfg: SelectConfig, backend=None, progress: bool = True) -> dict:
     if cfg.out is None:
         raise SearchRLError("no output folder: give --out DIR")
     out = Path(cfg.out)
+    announce(cfg)
     questions = load_candidates(cfg)
     out.mkdir(parents=True, exist_ok=True)
     rounds = read_rounds(out)

@@ -55,6 +55,7 @@ from searchrl.eval.answer_prompts import (
 from searchrl.eval.config import EvalConfig
 from searchrl.eval.spending import Spending, judge_records
 from searchrl.eval.summary import metrics_markdown, summarize
+from searchrl.profiles import announce
 from searchrl.protocol import Protocol
 from searchrl.retrieval.base import Retriever
 from searchrl.runlock import RunLock
@@ -171,6 +172,7 @@ def run_eval(cfg: EvalConfig, progress: bool = True, backend=None, resume: bool 
     from searchrl.data.catalog import load_dataset
 
     out = saved.output_dir(cfg.out)
+    announce(cfg)
     questions = load_dataset(cfg.dataset)
     if cfg.limit is not None:
         questions = questions[: cfg.limit]

@@ -23,6 +23,7 @@ import torch
 
 from searchrl.config import dump_config
 from searchrl.errors import SearchRLError
+from searchrl.profiles import announce
 from searchrl.rl import checkpoint as ckpt
 from searchrl.rl import rollback, rundir
 from searchrl.rl.actor import Actor
@@ -93,6 +94,8 @@ def train(cfg: TrainConfig, resume: Path | None = None, stages: list[int] | None
     try:
         run_dir = d.broadcast(rundir.run_dir_for(cfg, resume) if d.main else None)  # a dated name, once
         cfg = cfg.model_copy(update={"out": str(run_dir), "device": device})
+        if d.main:
+            announce(cfg)
         with RunLock(run_dir) if d.main else contextlib.nullcontext():
             while True:
                 try:
