@@ -170,8 +170,8 @@ def ask(
     be passed to reuse a loaded model; `chunk` is how many tokens appear at a time (the backend
     must match stop strings across calls, as the transformers one does)."""
     cfg = cfg or AskConfig()
-    announce(cfg)
     agent = build_agent(cfg, backend)
+    announce(cfg)  # once the retriever and model are up: a config they refuse prints its error alone
     q = Question("ask", question, ())
     try:
         if as_json:

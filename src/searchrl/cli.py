@@ -435,7 +435,7 @@ def ask(
     k: int | None = typer.Option(None, "-k", "--k", min=1, help="rollout.k: passages per search (default 5)."),
     max_searches: int | None = typer.Option(None, "--max-searches", min=0, help="rollout.max_searches: most searches served (default 8)."),
     max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", min=1, help="rollout.max_new_tokens: policy tokens, all turns together (default 512)."),
-    sample: bool = typer.Option(False, "--sample", help="rollout.greedy=false: sample (temperature 1.0, top-p 0.95) instead of greedy decoding."),
+    sample: bool = typer.Option(False, "--sample", help="rollout.greedy=false: sample (top-p 0.95, the model profile's temperature: 0.7 for smollm2-135m, else 1.0) instead of greedy decoding."),
     seed: int | None = typer.Option(None, "--seed", help="rollout.seed: sampling seed (with --sample)."),
     config: str | None = typer.Option(None, "--config", help="YAML file of AskConfig fields (model, protocol, rollout, retrieval); flags given here win over it."),
     as_json: bool = typer.Option(False, "--json", help="Print the whole trajectory as JSON instead of the live view."),

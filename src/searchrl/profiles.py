@@ -235,7 +235,7 @@ def describe(cfg) -> str:
     if p.format == "tags":
         what = f"tags {p.tags}, template {p.template}"
     else:
-        what = f"tool calls ({', '.join(cfg.tools)}), template {p.template}, chat template {p.chat_template or 'the model’s own'}"
+        what = f"tool calls ({', '.join(cfg.tools)}), template {p.template}, chat template {p.chat_template or 'its own'}"
     temperature = "greedy" if cfg.rollout.greedy else f"temperature {cfg.rollout.temperature:g}"
     about = PROFILES[cfg.profile].about if cfg.profile in PROFILES else f"what {cfg.model} was trained with"
     return f"model profile {cfg.profile} ({about}): {what}, {temperature}; set protocol.* to change (docs/guides/models.md)"

@@ -4,6 +4,7 @@ shipped configs unchanged, a trained checkpoint's protocol read back by ask and 
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from searchrl.config import load_config
 from searchrl.data.select_config import SelectConfig
 from searchrl.errors import DataWarning, SearchRLError
 from searchrl.eval.config import EvalConfig
+from searchrl.eval.view import write_view
 from searchrl.profiles import describe, profile_for, renders_tools
 from searchrl.rl import trainer
 from searchrl.rl.config import TrainConfig
@@ -136,6 +138,12 @@ def test_a_checkpoint_carries_its_protocol_and_ask_and_eval_use_it(checkpoint, w
     saved = yaml.safe_load((out / "config.yaml").read_text())
     assert (saved["profile"], saved["protocol"]["tags"]) == ("checkpoint", "search-r1")
     assert "model profile checkpoint" in result.stderr
+    # The viewer says what the run spoke: an eval run's config beside its predictions, a training
+    # run's above its samples.
+    page = write_view(out / "predictions.jsonl").read_text(encoding="utf-8")
+    assert f"{checkpoint} (profile checkpoint): tags search-r1, template {world / 'prompt.txt'}" in html.unescape(page)
+    samples = write_view(checkpoint.parents[1] / "samples" / "step_0001.jsonl").read_text(encoding="utf-8")
+    assert "tiny-random (profile tiny-random): tags search-r1" in html.unescape(samples)
 
 
 def test_a_protocol_set_against_the_checkpoints_is_kept_and_warned_about(checkpoint):

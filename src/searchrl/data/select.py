@@ -136,7 +136,6 @@ def run_select(cfg: SelectConfig, backend=None, progress: bool = True) -> dict:
     if cfg.out is None:
         raise SearchRLError("no output folder: give --out DIR")
     out = Path(cfg.out)
-    announce(cfg)
     questions = load_candidates(cfg)
     out.mkdir(parents=True, exist_ok=True)
     rounds = read_rounds(out)
@@ -170,6 +169,7 @@ def _sample(
 
     out, cap, metric = Path(cfg.out), cfg.max_rollouts, ANSWER_METRICS.get(cfg.metric)
     agent = build_agent(cfg, backend, run=str(out.resolve()), new_run=first_round == 0)
+    announce(cfg)  # once the retriever and model are up: a config they refuse prints its error alone
     engine, bar, new_rounds = agent.engine, None, []
     try:
         if progress:

@@ -172,7 +172,6 @@ def run_eval(cfg: EvalConfig, progress: bool = True, backend=None, resume: bool 
     from searchrl.data.catalog import load_dataset
 
     out = saved.output_dir(cfg.out)
-    announce(cfg)
     questions = load_dataset(cfg.dataset)
     if cfg.limit is not None:
         questions = questions[: cfg.limit]
@@ -187,6 +186,7 @@ def run_eval(cfg: EvalConfig, progress: bool = True, backend=None, resume: bool 
             recs, spent = [], {"seconds": 0.0}
         if len(recs) < len(questions):
             with _services(cfg, questions, out, backend, fresh=not resume) as services:
+                announce(cfg)  # once the services are up: a config they refuse prints its error alone
                 if not resume:
                     saved.start_fresh(out)
                 dump_config(cfg, out / "config.yaml")

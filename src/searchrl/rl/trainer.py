@@ -94,8 +94,6 @@ def train(cfg: TrainConfig, resume: Path | None = None, stages: list[int] | None
     try:
         run_dir = d.broadcast(rundir.run_dir_for(cfg, resume) if d.main else None)  # a dated name, once
         cfg = cfg.model_copy(update={"out": str(run_dir), "device": device})
-        if d.main:
-            announce(cfg)
         with RunLock(run_dir) if d.main else contextlib.nullcontext():
             while True:
                 try:
@@ -124,6 +122,7 @@ def _train(cfg: TrainConfig, resume: Path | None, stages: list[int] | None, d: D
             return run_dir
     prepared = preflight(cfg, plan[first:], str(state_dir or cfg.model))
     if d.main:
+        announce(cfg)  # after the checks: a rejected config prints its error alone
         dump_config(cfg, run_dir / "config.yaml")  # after the checks: a rejected config never replaces the run's
     rollbacks = d.broadcast(len(read_events(run_dir, ROLLBACKS_FILE)) if d.main else None)
     if rollbacks:  # after dump_config: config.yaml keeps the configured rate, resume scales it again
