@@ -29,6 +29,7 @@ from typing import Any
 
 from searchrl.errors import DataWarning, SearchRLError
 
+
 @dataclass(frozen=True)
 class Profile:
     """What a model is run with unless the config says otherwise: its protocol format, the
