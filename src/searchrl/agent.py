@@ -10,8 +10,6 @@ inherits them from `AgentConfig`, redeclaring a field only to change its default
 
 from __future__ import annotations
 
-import functools
-import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -19,6 +17,7 @@ from pydantic import Field, model_validator
 
 from searchrl.config import StrictModel
 from searchrl.errors import SearchRLError
+from searchrl.profiles import apply_profile
 from searchrl.protocol import Protocol, ProtocolConfig
 from searchrl.retrieval import RetrievalConfig
 from searchrl.retrieval.base import Retriever
@@ -33,13 +32,19 @@ from searchrl.tools import ToolContext, build_tools, tool_class
 if TYPE_CHECKING:
     from searchrl.rollout.engine import RolloutEngine
 
-log = logging.getLogger(__name__)
-
 
 class AgentConfig(StrictModel):
     """Model + protocol + rollout + retrieval: what an agent is built from (`build_agent`)."""
 
     model: str = Field("smollm2-135m", description="Model name (smollm2-135m, tiny-random), folder or hub id.")
+    profile: str = Field(
+        "auto", description="Model profile: the protocol format, tags, prompt and chat template and temperature the run "
+        "uses where this config sets none (docs/guides/models.md). auto = a checkpoint's own (its agent.yaml), a "
+        "built-in model's (smollm2-135m: the CPU demo's search-r1 tags, oneshot prompt, temperature 0.7), a known "
+        "family's (Qwen2.5, Qwen3, Llama-3.1-Instruct) or detected from the chat template (none: base; without tools: "
+        "instruct; rendering tools: instruct-tools, native tool calls). A name picks one; none = no profile. The run's "
+        "config.yaml holds the one chosen.",
+    )
     protocol: ProtocolConfig = Field(
         default_factory=ProtocolConfig, description="Tags or native tool calls, prompt template, documents style."
     )
@@ -55,17 +60,20 @@ class AgentConfig(StrictModel):
         default_factory=RetrievalConfig, description="Index, retrieval server or web search the rollouts query."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _profile(cls, data):
+        # Before validation: the keys given are what the user set; the profile fills the others.
+        if not isinstance(data, dict):
+            return data
+        return apply_profile(data, cls.model_fields["model"].default)
+
     @model_validator(mode="after")
     def _tools_of_format(self) -> AgentConfig:
         if self.protocol.format == "tags" and self.tools != ["search"]:
             raise ValueError(f"the tag protocols speak the search tool only (tools: {self.tools}); "
                              "set protocol.format: tool-calls to give the model other tools")
         return self
-
-
-# The built-in models (SmolLM2-135M-Instruct's template) have no tool section: tool calls use our
-# Hermes-style fallback for them, said once. Any other model without one gets the error naming it.
-BUILTIN_CHAT_TEMPLATES = {"smollm2-135m": "hermes-fallback", "tiny-random": "hermes-fallback"}
 
 
 def build_protocol(cfg: AgentConfig, tokenizer) -> Protocol | NativeProtocol:
@@ -76,20 +84,12 @@ def build_protocol(cfg: AgentConfig, tokenizer) -> Protocol | NativeProtocol:
     p = cfg.protocol
     if tokenizer is None:
         raise SearchRLError("protocol.format tool-calls needs the model's tokenizer; this backend has none")
-    template = p.chat_template
-    if template is None and cfg.model in BUILTIN_CHAT_TEMPLATES:
-        template = BUILTIN_CHAT_TEMPLATES[cfg.model]
-        _say_once(f"{cfg.model}'s chat template has no tool section: tool calls use searchrl's {template} template "
-                  "(protocol.chat_template)")
-    chat = NativeChat(tokenizer, [tool_class(name).schema() for name in cfg.tools], p.call_format, template,
+    # The built-in models' profiles choose our hermes-fallback template (SmolLM2's has no tool
+    # section), announced with the profile; any other model without one gets the error naming it.
+    chat = NativeChat(tokenizer, [tool_class(name).schema() for name in cfg.tools], p.call_format, p.chat_template,
                       p.template_kwargs)
     check_template(chat)
     return NativeProtocol(chat, p.template)
-
-
-@functools.cache
-def _say_once(message: str) -> None:
-    log.warning(message)
 
 
 def load_backend(cfg: AgentConfig) -> GenerationBackend:

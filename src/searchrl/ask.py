@@ -24,6 +24,7 @@ from searchrl.agent import AgentConfig, build_agent
 from searchrl.data.trajectory import Trajectory
 from searchrl.data.types import Question
 from searchrl.display import visible
+from searchrl.profiles import announce
 from searchrl.retrieval import RetrievalConfig
 from searchrl.rollout.backend import (
     Continuation,
@@ -170,6 +171,7 @@ def ask(
     must match stop strings across calls, as the transformers one does)."""
     cfg = cfg or AskConfig()
     agent = build_agent(cfg, backend)
+    announce(cfg)  # once the retriever and model are up: a config they refuse prints its error alone
     q = Question("ask", question, ())
     try:
         if as_json:

@@ -41,6 +41,11 @@ app.add_typer(index_app, name="index")
 app.add_typer(eval_app, name="eval")
 
 err_console = Console(stderr=True)
+TAGS_HELP = "protocol.tags: r1searcher or search-r1 (what tiny models follow); default the model profile's (smollm2-135m: search-r1)."
+TEMPLATE_HELP = ("protocol.template: base, chat, fewshot, oneshot, fewshot-chat or a file; default the model profile's "
+                 "(smollm2-135m: oneshot).")
+PROFILE_HELP = ("profile: the model profile filling the protocol settings not given (docs/guides/models.md): auto (default: "
+                "by the model, a checkpoint's own), none, or a name (smollm2-135m, base, instruct, instruct-tools, qwen3, ...).")
 
 
 # Commands are added below, grouped by sub-app. Keep each body to a few lines.
@@ -137,8 +142,9 @@ def data_select(
     backend: str | None = typer.Option(None, "--backend", help="rollout.backend: hf (default) or vllm."),
     index: str | None = typer.Option(None, "--index", help="retrieval.index: catalog index or index directory (default toyworld)."),
     retriever_url: str | None = typer.Option(None, "--retriever-url", help="retrieval.url: retrieval server URL, instead of --index (add retrieval.index=null to a config's)."),
-    tags: str | None = typer.Option(None, "--tags", help="protocol.tags: r1searcher (default) or search-r1 (what tiny models follow)."),
-    template: str | None = typer.Option(None, "--template", help="protocol.template: base (default), chat, fewshot, oneshot, fewshot-chat or a file."),
+    tags: str | None = typer.Option(None, "--tags", help=TAGS_HELP),
+    template: str | None = typer.Option(None, "--template", help=TEMPLATE_HELP),
+    profile: str | None = typer.Option(None, "--profile", help=PROFILE_HELP),
     limit: int | None = typer.Option(None, "--limit", min=1, help="Only the first N questions."),
     per_round: int | None = typer.Option(None, "--per-round", min=1, help="rollouts_per_round: rollouts per question per round (default 8)."),
     max_rollouts: int | None = typer.Option(None, "--max-rollouts", min=1, help="max_rollouts: cap per question; none correct within it = unsolved (default 32)."),
@@ -152,7 +158,7 @@ def data_select(
     from searchrl.data.select import select_command
 
     flags = {"dataset": dataset, "model": model, "rollout.backend": backend, "retrieval.index": index,
-             "retrieval.url": retriever_url, "protocol.tags": tags, "protocol.template": template, "limit": limit,
+             "retrieval.url": retriever_url, "protocol.tags": tags, "protocol.template": template, "profile": profile, "limit": limit,
              "rollouts_per_round": per_round, "max_rollouts": max_rollouts, "metric": metric, "seed": seed, "out": out}
     select_command(config, overrides or [], flags)
 
@@ -302,7 +308,7 @@ def index_search(
 WEB_HELP = ("retrieval.web.provider: search the web instead of an index: google, brave, serper, serpapi or searxng "
             "(keys and endpoints from env: GOOGLE_API_KEY + GOOGLE_CSE_ID, BRAVE_API_KEY, SERPER_API_KEY, SERPAPI_API_KEY, SEARXNG_URL).")
 WEB_SITE_HELP = "retrieval.web.site: restrict web results to one site, e.g. en.wikipedia.org (as the paper does)."
-FORMAT_HELP = "protocol.format: tags (default; the paper's <search> tags) or tool-calls (the chat template's native tool calls)."
+FORMAT_HELP = "protocol.format: tags (the paper's <search> tags) or tool-calls (the chat template's native tool calls); default the model profile's."
 TOOLS_HELP = "tools, comma-separated (with --format tool-calls): search, open, calculate or package.module:ClassName. Default search."
 CHAT_TEMPLATE_HELP = "protocol.chat_template (tool calls): hermes-fallback or a .jinja file; default the model's own."
 
@@ -333,12 +339,13 @@ def eval_run(
     judge_model: str | None = typer.Option(None, "--judge-model", help="judge.model: the judge model (default gpt-4o-mini, the paper's)."),
     limit: int | None = typer.Option(None, "--limit", min=1, help="Evaluate only the first N questions."),
     k: int | None = typer.Option(None, "-k", "--k", min=1, help="rollout.k: passages per search (default 5, the paper's evaluation k)."),
-    tags: str | None = typer.Option(None, "--tags", help="protocol.tags: r1searcher (default) or search-r1 (what tiny models follow)."),
-    template: str | None = typer.Option(None, "--template", help="protocol.template: base (default), chat, fewshot, oneshot, fewshot-chat or a file."),
+    tags: str | None = typer.Option(None, "--tags", help=TAGS_HELP),
+    template: str | None = typer.Option(None, "--template", help=TEMPLATE_HELP),
     doc_style: str | None = typer.Option(None, "--doc-style", help="protocol.doc_style: r1searcher (default) or title-lines."),
     fmt: str | None = typer.Option(None, "--format", help=FORMAT_HELP),
     tools: str | None = typer.Option(None, "--tools", help=TOOLS_HELP),
     chat_template: str | None = typer.Option(None, "--chat-template", help=CHAT_TEMPLATE_HELP),
+    profile: str | None = typer.Option(None, "--profile", help=PROFILE_HELP),
     max_searches: int | None = typer.Option(None, "--max-searches", min=0, help="rollout.max_searches: searches per agent rollout (default 8)."),
     max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", min=1, help="rollout.max_new_tokens: agent policy tokens per question, all turns (default 512)."),
     answer_max_new_tokens: int | None = typer.Option(None, "--answer-max-new-tokens", min=1, help="Rag/direct: tokens for the answer (default 64)."),
@@ -361,7 +368,7 @@ def eval_run(
              "protocol.tags": tags, "protocol.template": template, "protocol.doc_style": doc_style,
              "rollout.max_searches": max_searches, "rollout.max_new_tokens": max_new_tokens,
              "answer_max_new_tokens": answer_max_new_tokens, "rollout.batch_size": batch_size,
-             "dump_tokens": dump_tokens, "out": out, **_tool_flags(fmt, tools, chat_template)}
+             "dump_tokens": dump_tokens, "out": out, "profile": profile, **_tool_flags(fmt, tools, chat_template)}
     eval_command(config, overrides or [], flags, as_json, resume, overwrite)
 
 
@@ -421,15 +428,16 @@ def ask(
     web: str | None = typer.Option(None, "--web", help=WEB_HELP),
     web_site: str | None = typer.Option(None, "--web-site", help=WEB_SITE_HELP),
     web_allow_private: bool = typer.Option(False, "--web-allow-private", help=WEB_PRIVATE_HELP),
-    tags: str | None = typer.Option(None, "--tags", help="protocol.tags: r1searcher (default) or search-r1 (use it with fewshot for SmolLM2-135M)."),
-    template: str | None = typer.Option(None, "--template", help="protocol.template: base (default), chat, fewshot, oneshot, fewshot-chat or a file."),
+    tags: str | None = typer.Option(None, "--tags", help=TAGS_HELP),
+    template: str | None = typer.Option(None, "--template", help=TEMPLATE_HELP),
     fmt: str | None = typer.Option(None, "--format", help=FORMAT_HELP),
     tools: str | None = typer.Option(None, "--tools", help=TOOLS_HELP),
     chat_template: str | None = typer.Option(None, "--chat-template", help=CHAT_TEMPLATE_HELP),
+    profile: str | None = typer.Option(None, "--profile", help=PROFILE_HELP),
     k: int | None = typer.Option(None, "-k", "--k", min=1, help="rollout.k: passages per search (default 5)."),
     max_searches: int | None = typer.Option(None, "--max-searches", min=0, help="rollout.max_searches: most searches served (default 8)."),
     max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", min=1, help="rollout.max_new_tokens: policy tokens, all turns together (default 512)."),
-    sample: bool = typer.Option(False, "--sample", help="rollout.greedy=false: sample (temperature 1.0, top-p 0.95) instead of greedy decoding."),
+    sample: bool = typer.Option(False, "--sample", help="rollout.greedy=false: sample (top-p 0.95, the model profile's temperature: 0.7 for smollm2-135m, else 1.0) instead of greedy decoding."),
     seed: int | None = typer.Option(None, "--seed", help="rollout.seed: sampling seed (with --sample)."),
     config: str | None = typer.Option(None, "--config", help="YAML file of AskConfig fields (model, protocol, rollout, retrieval); flags given here win over it."),
     as_json: bool = typer.Option(False, "--json", help="Print the whole trajectory as JSON instead of the live view."),
@@ -442,7 +450,8 @@ def ask(
              "retrieval.web.allow_private": web_allow_private or None,
              "protocol.tags": tags, "protocol.template": template, "rollout.k": k,
              "rollout.max_searches": max_searches, "rollout.max_new_tokens": max_new_tokens,
-             "rollout.greedy": False if sample else None, "rollout.seed": seed, **_tool_flags(fmt, tools, chat_template)}
+             "rollout.greedy": False if sample else None, "rollout.seed": seed, "profile": profile,
+             **_tool_flags(fmt, tools, chat_template)}
     ask_command(question, config, flags, as_json)
 
 

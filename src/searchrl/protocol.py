@@ -89,8 +89,8 @@ class ProtocolConfig(StrictModel):
 
     @model_validator(mode="after")
     def _template_of_format(self) -> ProtocolConfig:
-        if self.template is None:
-            self.template = "base" if self.format == "tags" else "tools"
+        if self.template is None:  # a default, not a setting: `model_fields_set` keeps telling what was given
+            self.__dict__["template"] = "base" if self.format == "tags" else "tools"
         native = self.template in NATIVE_TEMPLATES
         if self.format == "tags" and native:
             raise ValueError(f"template {self.template!r} is a tool-call prompt; set protocol.format: tool-calls, or pick a tag template")

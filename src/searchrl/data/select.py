@@ -36,6 +36,7 @@ from searchrl.data.select_config import SelectConfig
 from searchrl.data.textio import read_appended_jsonl
 from searchrl.data.types import Question
 from searchrl.errors import SearchRLError, listing
+from searchrl.profiles import announce
 
 PROGRESS = "progress.jsonl"
 
@@ -168,6 +169,7 @@ def _sample(
 
     out, cap, metric = Path(cfg.out), cfg.max_rollouts, ANSWER_METRICS.get(cfg.metric)
     agent = build_agent(cfg, backend, run=str(out.resolve()), new_run=first_round == 0)
+    announce(cfg)  # once the retriever and model are up: a config they refuse prints its error alone
     engine, bar, new_rounds = agent.engine, None, []
     try:
         if progress:

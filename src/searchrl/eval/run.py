@@ -56,6 +56,7 @@ from searchrl.eval.answer_prompts import (
 from searchrl.eval.config import EvalConfig
 from searchrl.eval.spending import Spending, judge_records
 from searchrl.eval.summary import metrics_markdown, summarize
+from searchrl.profiles import announce
 from searchrl.protocol import Protocol
 from searchrl.retrieval.base import Retriever
 from searchrl.retrieval.web.record import RECORD_DIR
@@ -187,6 +188,7 @@ def run_eval(cfg: EvalConfig, progress: bool = True, backend=None, resume: bool 
             recs, spent = [], {"seconds": 0.0}
         if len(recs) < len(questions):
             with _services(cfg, questions, out, backend, fresh=not resume) as services:
+                announce(cfg)  # once the services are up: a config they refuse prints its error alone
                 if not resume:
                     saved.start_fresh(out)
                 dump_config(cfg, out / "config.yaml")

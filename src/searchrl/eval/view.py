@@ -581,12 +581,14 @@ def render_page(
     metrics: dict[str, object] | None = None,
     metrics_caption: str = "",
     total: int | None = None,
+    protocol: str | None = None,
 ) -> str:
-    """The whole page. `total` is the record count when `items` is a prefix (--limit)."""
+    """The whole page. `total` is the record count when `items` is a prefix (--limit);
+    `protocol` a line saying what the run's model spoke (`run_protocol`)."""
     total = len(items) if total is None else total
     count = f"{total} trajectories" + (
         f", showing the first {len(items)}" if total > len(items) else ""
-    )
+    ) + (f" · {protocol}" if protocol else "")
     table = _metrics_table(metrics, metrics_caption) if metrics else ""
     cards = "\n".join(render_card(it, i) for i, it in enumerate(items, start=1))
     return (
@@ -601,6 +603,26 @@ def render_page(
         f'<span id="shown">{len(items)} of {len(items)} shown</span></div></header>\n'
         f'<main id="cards">\n{cards}\n</main>\n<script>{JS}</script></body></html>\n'
     )
+
+
+def run_protocol(predictions: Path) -> str | None:
+    """What the run that wrote `predictions` spoke, from its config.yaml (an eval run's, beside the
+    file; a training run's, above its samples/): model, profile and protocol, in one line. None
+    when there is no readable one (a file from elsewhere)."""
+    import yaml
+
+    for config in (predictions.parent / "config.yaml", predictions.parent.parent / "config.yaml"):
+        try:
+            data = yaml.safe_load(config.read_text(encoding="utf-8")) if config.is_file() else None
+        except (OSError, yaml.YAMLError):
+            data = None
+        protocol = data.get("protocol") if isinstance(data, dict) else None
+        if isinstance(protocol, dict):
+            fmt = protocol.get("format", "tags")
+            spoken = f"tags {protocol.get('tags')}" if fmt == "tags" else f"tool calls ({', '.join(data.get('tools') or ['search'])})"
+            profile = f" (profile {data['profile']})" if data.get("profile") else ""
+            return f"{data.get('model')}{profile}: {spoken}, template {protocol.get('template')}"
+    return None
 
 
 def write_view(predictions: Path, out: Path | None = None, limit: int | None = None) -> Path:
@@ -623,7 +645,7 @@ def write_view(predictions: Path, out: Path | None = None, limit: int | None = N
         _warn(f"{caption}: {listing(_nonfinite(metrics))} is NaN or infinite (flagged on the page); "
               "a record or the run that wrote it went wrong")
     shown = items[:limit] if limit is not None else items
-    page = render_page(shown, predictions.name, metrics, caption, total=len(items))
+    page = render_page(shown, predictions.name, metrics, caption, total=len(items), protocol=run_protocol(predictions))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page, encoding="utf-8")
     return out

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from searchrl.checkpoint_meta import agent_settings
 from searchrl.errors import SearchRLError
 from searchrl.rl import checkpoint as ckpt
 from searchrl.rl import sharding
@@ -296,4 +297,4 @@ class Actor:
                     sharding.export_full(folder, self.model, self.dist.main)
                 if self.dist.main:
                     self.tokenizer.save_pretrained(folder)
-        return ckpt.save_checkpoint(run_dir, step, write, state, self.dist)
+        return ckpt.save_checkpoint(run_dir, step, write, state, self.dist, agent=agent_settings(self.cfg))

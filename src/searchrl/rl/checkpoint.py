@@ -1,6 +1,7 @@
 """Checkpoints of a training run: `checkpoints/step_XXXX/` = `save_pretrained` model + tokenizer
-+ `trainer_state.json` + `optimizer.safetensors` + `rng_rank_XXX.json`, written into a hidden temp
-folder and renamed into place, so a folder named `step_XXXX` is always complete;
++ `trainer_state.json` + `optimizer.safetensors` + `rng_rank_XXX.json` + `agent.yaml` (the
+protocol and tools it speaks), written into a hidden temp folder and renamed into place, so a
+folder named `step_XXXX` is always complete;
 `checkpoints/latest` names the newest one and is written last. `checksums.json`, written last,
 covers every other file, so a resume tells a corrupted checkpoint from an intact one.
 
@@ -32,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from searchrl.checkpoint_meta import write_checkpoint_agent
 from searchrl.errors import SearchRLError
 from searchrl.rl.distributed import LOCAL, Dist
 from searchrl.rl.integrity import write_checksums
@@ -150,11 +152,13 @@ def _read_optimizer(path: Path) -> dict:
     return {"state": per_param, "param_groups": rest["param_groups"]}
 
 
-def save_checkpoint(run_dir: Path, step: int, write: Callable[[Path], None], state: TrainerState, dist: Dist = LOCAL) -> Path:
+def save_checkpoint(run_dir: Path, step: int, write: Callable[[Path], None], state: TrainerState, dist: Dist = LOCAL,
+                    agent: dict | None = None) -> Path:
     """Write `checkpoints/step_XXXX` atomically, then point `checkpoints/latest` at it.
 
     `write(folder)` writes the model's files (on every rank, into the same folder); rank 0 adds
-    the trainer state once every rank is done, renames, and moves the pointer."""
+    the trainer state and `agent` (the protocol and tools trained with: `agent.yaml`,
+    `searchrl.checkpoint_meta`) once every rank is done, renames, and moves the pointer."""
     root = Path(run_dir) / "checkpoints"
     name = checkpoint_name(step)
     if dist.main:
@@ -166,6 +170,8 @@ def save_checkpoint(run_dir: Path, step: int, write: Callable[[Path], None], sta
         dist.barrier()
         if dist.main:
             _write_state(tmp, state)
+            if agent is not None:
+                write_checkpoint_agent(tmp, agent)
             write_checksums(tmp)  # last: of every file, the trainer state's too
             tmp.chmod(0o755)
             if final.exists():  # the same step saved again after a resume: replace it

@@ -24,6 +24,7 @@ import torch
 from searchrl import metric_names as mn
 from searchrl.config import dump_config
 from searchrl.errors import SearchRLError
+from searchrl.profiles import announce
 from searchrl.rl import checkpoint as ckpt
 from searchrl.rl import rollback, rundir
 from searchrl.rl.actor import Actor
@@ -122,6 +123,7 @@ def _train(cfg: TrainConfig, resume: Path | None, stages: list[int] | None, d: D
             return run_dir
     prepared = preflight(cfg, plan[first:], str(state_dir or cfg.model))
     if d.main:
+        announce(cfg)  # after the checks: a rejected config prints its error alone
         dump_config(cfg, run_dir / "config.yaml")  # after the checks: a rejected config never replaces the run's
     rollbacks = d.broadcast(len(read_events(run_dir, ROLLBACKS_FILE)) if d.main else None)
     if rollbacks:  # after dump_config: config.yaml keeps the configured rate, resume scales it again
