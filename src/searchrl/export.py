@@ -60,13 +60,16 @@ def run_dir_of(checkpoint: Path) -> Path:
 
 
 def run_config(checkpoint: Path):
-    """The resolved TrainConfig of the run that wrote `checkpoint`: its protocol, tools, sampling,
-    stages. (The checkpoint's own record of its protocol and tools will replace the config's for
-    those two sections once checkpoints carry them.)"""
+    """The resolved TrainConfig of the run that wrote `checkpoint` (sampling, stages), with the
+    protocol and tools the checkpoint itself records (`read_checkpoint_agent`): a next stage may
+    have changed them since the run's config was written."""
+    from searchrl.checkpoint_meta import read_checkpoint_agent
     from searchrl.config import load_config
     from searchrl.rl.config import TrainConfig
 
-    return load_config(TrainConfig, run_dir_of(checkpoint) / "config.yaml")
+    cfg = load_config(TrainConfig, run_dir_of(checkpoint) / "config.yaml")
+    agent = read_checkpoint_agent(checkpoint)
+    return cfg.model_copy(update={"protocol": cfg.protocol.model_validate(agent["protocol"]), "tools": agent["tools"]}) if agent else cfg
 
 
 def is_export(folder: str | Path) -> bool:
