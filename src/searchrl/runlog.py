@@ -1,6 +1,7 @@
 """Per-step metrics of a run: one JSON object per line in `metrics.jsonl` (written by the trainer,
-read by plots, comparisons and the demo), mirrored to TensorBoard under `tb/` when `tensorboard`
-is installed, and a one-line summary on stderr.
+read by plots, comparisons and the demo), mirrored to the trackers of `logging.report_to`
+(`searchrl.trackers`: TensorBoard under `tb/` by default, wandb, MLflow), and a one-line summary
+on stderr.
 
 Readers take only records of the file's schema (`SCHEMAS`): a line that is not an object, lacks
 a field or holds one of the wrong type (a step record holds numbers and nulls only) is skipped,
@@ -10,13 +11,13 @@ and one warning line names the skipped lines; a last line torn by a crash is ski
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 
 from searchrl import metric_names as mn
 from searchrl.data.textio import iter_json_lines
 from searchrl.display import visible
+from searchrl.trackers import open_trackers, sample_rows, scalars
 
 METRICS_FILE = "metrics.jsonl"
 # What the health monitors write beside it (`searchrl.rl.health`, `searchrl.rl.rollback`).
@@ -112,34 +113,24 @@ def truncate_metrics(run_dir: Path, n_lines: int) -> None:
 
 
 class RunLogger:
-    """Appends step records; `purge_step` drops TensorBoard events past a resumed checkpoint."""
+    """Appends step records to metrics.jsonl and hands them to the run's trackers
+    (`searchrl.trackers`: TensorBoard, wandb, MLflow); `purge_step` drops TensorBoard events past
+    a resumed checkpoint."""
 
-    def __init__(self, run_dir: Path, tensorboard: bool = True, purge_step: int | None = None, echo: bool = True) -> None:
+    def __init__(self, run_dir: Path, report_to: list[str] = ("tensorboard",), purge_step: int | None = None,
+                 echo: bool = True, config: dict | None = None) -> None:
         self.path = Path(run_dir) / METRICS_FILE
         self.echo = echo
-        self._tb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                print(
-                    "note: tensorboard is not installed, so no tb/ events are written "
-                    "(pip install tensorboard; metrics.jsonl has everything)",
-                    file=sys.stderr,
-                )
-            else:
-                self._tb = SummaryWriter(str(Path(run_dir) / "tb"), purge_step=purge_step)
+        self._trackers = open_trackers(list(report_to), Path(run_dir), config or {}, purge_step)
 
     def log(self, record: dict) -> None:
         with self.path.open("a", encoding="utf-8") as fh:
             fh.write(json.dumps(record) + "\n")
             fh.flush()
         step = record[mn.STEP]
-        if self._tb is not None:
-            for key, value in record.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-                    self._tb.add_scalar(key, value, step)
-            self._tb.flush()
+        values = scalars(record)
+        for tracker in self._trackers:
+            tracker.log_metrics(values, step)
         if self.echo:
             parts = [f"stage {record[mn.STAGE]} step {step}"]
             for key, label, fmt in _SUMMARY:
@@ -147,6 +138,12 @@ class RunLogger:
                     parts.append(f"{label} {fmt.format(record[key])}")
             print(" | ".join(parts), file=sys.stderr, flush=True)
 
+    def log_samples(self, step: int, samples: list[dict]) -> None:
+        """The step's sampled trajectories (as written to samples/) as a table in each tracker."""
+        rows = sample_rows(samples)
+        for tracker in self._trackers:
+            tracker.log_samples(rows, step)
+
     def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
+        for tracker in self._trackers:
+            tracker.close()

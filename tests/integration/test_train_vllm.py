@@ -25,7 +25,7 @@ def test_train_with_vllm_rollouts_learns_to_search(tmp_path):
     run = tmp_path / "run"
     result = CliRunner().invoke(app, [
         "train", "--config", str(DEMO), "--out", str(run), "rollout.backend=vllm",
-        "stage1.steps=2", "stage2.enabled=false", "rollout.temperature=1.0", "logging.progress=false", "logging.tensorboard=false",
+        "stage1.steps=2", "stage2.enabled=false", "rollout.temperature=1.0", "logging.progress=false", "logging.report_to=[]",
     ])
     assert result.exit_code == 0, result.output
     records = read_metrics(run)

@@ -40,7 +40,7 @@ def _args(world: Path) -> list[str]:
         "rollout.max_new_tokens=10", "rollout.top_p=1.0",
         "algorithm.lr=1e-3", "algorithm.kl_coef=0.05", "algorithm.ppo_epochs=2", "algorithm.micro_batch_size=2",
         "algorithm.gradient_checkpointing=true",
-        "logging.checkpoint_every=1", "logging.keep_last=null", "logging.progress=false", "logging.tensorboard=false",
+        "logging.checkpoint_every=1", "logging.keep_last=null", "logging.progress=false", "logging.report_to=[]",
     ]
 
 
@@ -137,7 +137,7 @@ def test_torchrun_command_logs_the_global_batch_and_exports_a_model_eval_loads(t
     out = tmp_path / "np2"
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "searchrl",
                            "train", "--config", str(ROOT / "configs" / "demo-cpu.yaml"), "model=tiny-random", "stage1.steps=2",
-                           "stage2.steps=2", "logging.progress=false", "logging.tensorboard=false", "rollout.max_new_tokens=24",
+                           "stage2.steps=2", "logging.progress=false", "logging.report_to=[]", "rollout.max_new_tokens=24",
                            f"out={out}"], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     # demo-cpu.yaml: Stage 1 = 2 questions x 8 samples, Stage 2 = 2 x 8 (one question per rank)

@@ -209,7 +209,7 @@ def test_train_with_web_search_logs_requests_cache_hits_and_cost_per_step(web, w
         f"protocol.template={world / 'prompt.txt'}", "protocol.tags=search-r1", f"stage1.dataset={tmp_path / 'one.jsonl'}",
         "stage1.steps=2", "stage2.enabled=false", "stage1.prompts_per_step=1", "stage1.samples_per_prompt=2",
         "rollout.max_new_tokens=24", "rollout.top_p=1.0", "rollout.k=2", "algorithm.ppo_epochs=1",
-        "algorithm.mini_batch_size=2", "algorithm.micro_batch_size=2", "algorithm.kl_coef=0", "logging.progress=false", "logging.tensorboard=false"])
+        "algorithm.mini_batch_size=2", "algorithm.micro_batch_size=2", "algorithm.kl_coef=0", "logging.progress=false", "logging.report_to=[]"])
     assert result.exit_code == 0, (result.output, result.exception)
     steps = read_metrics(run)
     assert [r["search_rate"] for r in steps] == [1.0, 1.0]

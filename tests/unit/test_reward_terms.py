@@ -239,7 +239,7 @@ def test_a_users_term_is_in_the_total_and_in_the_logged_metrics(world, tmp_path)
         "model=tiny-random", f"retrieval.index={world / 'index'}", f"out={tmp_path / 'run'}",
         f"protocol.template={world / 'prompt.txt'}", f"stage1.dataset={world / 'q.jsonl'}",
         "stage1.steps=1", "stage1.prompts_per_step=2", "stage1.samples_per_prompt=2", "stage2.enabled=false",
-        "rollout.max_new_tokens=6", "rollout.top_p=1.0", "logging.progress=false", "logging.tensorboard=false",
+        "rollout.max_new_tokens=6", "rollout.top_p=1.0", "logging.progress=false", "logging.report_to=[]",
         "stage1.reward.terms.length_penalty.per_token=0.5",
     ]))
     [rec] = read_metrics(run)

@@ -382,7 +382,7 @@ def test_steps_log_retrieval_time_and_the_query_cache_hit_rate(world, tmp_path, 
     run = tmp_path / "run"
     trainer.train(load_config(TrainConfig, None, _overrides(
         world, run, "protocol.tags=search-r1", "stage1.steps=2", "stage2.enabled=false", "stage1.prompts_per_step=1",
-        "rollout.max_new_tokens=24", "algorithm.kl_coef=0", "logging.tensorboard=false")))
+        "rollout.max_new_tokens=24", "algorithm.kl_coef=0", "logging.report_to=[]")))
     steps = read_metrics(run)
     assert [(r["retrieval_queries"], r["retrieval_cache_hit_rate"]) for r in steps] == [(2, 0.5), (2, 1.0)]
     assert all(0 < r["retrieval_s"] < r["rollout_seconds"] for r in steps)

@@ -238,7 +238,8 @@ def select_command(config: str | None, overrides: list[str], flags: dict) -> dic
     cfg = load_config(SelectConfig, config, list(overrides) + flag_overrides(flags, overrides))
     summary = run_select(cfg)
     console = Console()
-    console.print(Markdown(summary_markdown(summary)))
+    markdown = summary_markdown(summary)  # piped: the Markdown itself, whose tables rich would wrap
+    console.print(Markdown(markdown) if console.is_terminal else markdown, markup=False, highlight=False)
     console.print(
         f"wrote {', '.join(b + '.jsonl' for b in BUCKETS)}, summary.md, summary.json, histogram.png to {cfg.out}",
         highlight=False,

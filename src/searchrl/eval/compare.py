@@ -9,9 +9,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from rich.console import Console
+
 from searchrl.data.textio import read_json
 from searchrl.errors import DataError, SearchRLError
 from searchrl.eval.summary import fmt_number, fmt_percent
+from searchrl.tables import Column, markdown_table, print_table, short_path
 
 # (metrics.json key, column header, kind): kind "pct" = fraction shown in %, else digits.
 COLUMNS: tuple[tuple[str, str, str | int], ...] = (
@@ -64,14 +67,15 @@ def column_labels(keys: Sequence[str]) -> list[str]:
 
 
 def compare_rows(folders: Sequence[str | Path]) -> tuple[list[str], list[list[str]]]:
-    """(header, rows) of the comparison, one row per run folder, in the order given."""
+    """(header, rows) of the comparison, one row per run folder, in the order given; a model or
+    dataset given as a path is named by its run (`searchrl.tables.short_path`)."""
     header = list(RUN_COLUMNS) + [label for _, label, _ in COLUMNS]
     rows = []
     for folder in folders:
         m = read_metrics(folder)
         name = Path(folder).name if Path(folder).is_dir() else Path(folder).parent.name
         rows.append(
-            [name] + [str(m.get(key) or "-") for key in RUN_COLUMNS[1:]]
+            [name] + [short_path(str(m.get(key) or "-")) for key in RUN_COLUMNS[1:]]
             + metric_cells(m, [key for key, _, _ in COLUMNS])
         )
     return header, rows
@@ -80,32 +84,21 @@ def compare_rows(folders: Sequence[str | Path]) -> tuple[list[str], list[list[st
 def compare_markdown(folders: Sequence[str | Path]) -> str:
     """The comparison as a Markdown table."""
     header, rows = compare_rows(folders)
-    right = len(RUN_COLUMNS)
-    lines = [
-        "| " + " | ".join(header) + " |",
-        "|" + "|".join("---" if i < right else "---:" for i in range(len(header))) + "|",
-    ]
-    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
+    return markdown_table(header, rows, [i >= len(RUN_COLUMNS) for i in range(len(header))])
 
 
-def compare_command(folders: Sequence[str], out: str | None = None) -> str:
-    """`searchrl eval compare`: a rich table on screen; the Markdown table into `out` if given."""
+def compare_command(folders: Sequence[str], out: str | None = None, console: Console | None = None) -> str:
+    """`searchrl eval compare`: a table on screen (Markdown when piped; on a narrow terminal the
+    columns that fit, the rest named as being in `out`); the Markdown table into `out` if given."""
     if not folders:
         raise SearchRLError("give at least one run folder")
-    from rich.console import Console
-    from rich.table import Table
-
     header, rows = compare_rows(folders)
-    table = Table(title="evaluation runs")
-    for i, col in enumerate(header):
-        table.add_column(col, justify="left" if i < len(RUN_COLUMNS) else "right", overflow="fold")
-    for row in rows:
-        table.add_row(*row)
-    Console().print(table)
+    # On a narrow terminal the run names and the scores stay; model, method and dataset go first.
+    columns = [Column(col, right=i >= len(RUN_COLUMNS), drop_first=0 < i < len(RUN_COLUMNS)) for i, col in enumerate(header)]
+    print_table(console or Console(), columns, rows, title="evaluation runs", keep=1, elsewhere=out)
     markdown = compare_markdown(folders)
     if out is not None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(markdown, encoding="utf-8")
-        Console(stderr=True).print(f"wrote {out}", highlight=False)
+        Console(stderr=True).print(f"wrote {out}", highlight=False, markup=False)
     return markdown

@@ -17,6 +17,7 @@ from searchrl.eval.paper import (
 )
 from searchrl.eval.report_config import PlannedRun, ReportConfig, dataset_name
 from searchrl.eval.summary import fmt_percent
+from searchrl.tables import markdown_table
 
 Result = tuple[PlannedRun, dict]  # a run and its metrics.json
 CHARTS = (
@@ -50,11 +51,7 @@ def _paper_cell(p: PaperResult, key: str) -> str:
 
 
 def _table(header: list[str], rows: list[list[str]], left: int) -> list[str]:
-    lines = [
-        "| " + " | ".join(header) + " |",
-        "|" + "|".join("---" if i < left else "---:" for i in range(len(header))) + "|",
-    ]
-    return lines + ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
+    return markdown_table(header, rows, [i >= left for i in range(len(header))]).splitlines()
 
 
 def results_table(results: Sequence[Result], judged: bool) -> list[str]:

@@ -8,6 +8,7 @@ baseline, lr 2e-6, 16 samples per prompt, temperature 1.0, top-p 0.95, KL 0 (Qwe
 
 from __future__ import annotations
 
+import sys
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -126,8 +127,33 @@ class LoggingConfig(StrictModel):
     samples_per_dump: int | None = Field(None, ge=1, description="At most this many trajectories per dump; null = all of the step.")
     checkpoint_every: int = Field(10, ge=0, description="Save a checkpoint every N steps (and always at a stage's end); 0 = only at stage ends.")
     keep_last: int | None = Field(3, ge=1, description="Keep this many latest checkpoints (stage-end ones are always kept); null = all.")
-    tensorboard: bool = Field(True, description="Also write TensorBoard events to tb/ (skipped, with a note, when tensorboard is not installed).")
+    report_to: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
+        ["tensorboard"],
+        description="Experiment trackers that get every metric of metrics.jsonl (same names and steps), the resolved "
+        "config, and a table of sampled trajectories per sample dump: tensorboard (events in tb/), wandb (offline "
+        "under the run directory unless WANDB_MODE is set; pip install 'searchrl[wandb]'), mlflow (a file store in "
+        "mlruns/ unless MLFLOW_TRACKING_URI is set; pip install 'searchrl[mlflow]'); [] = metrics.jsonl only. "
+        "Guide: docs/guides/trackers.md.",
+    )
     progress: bool = Field(True, description="Print one line per step and a rollout progress bar.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_tensorboard_key(cls, data):
+        """`tensorboard: true|false` (before report_to; run directories' config.yaml still hold it)
+        becomes report_to [tensorboard] or [], with a note; report_to wins when both are set."""
+        if not isinstance(data, dict) or "tensorboard" not in data:
+            return data
+        data = dict(data)
+        old = data.pop("tensorboard")
+        if "report_to" in data:
+            print(f"note: logging.tensorboard is replaced by logging.report_to; tensorboard: {old} is ignored "
+                  f"(report_to is {data['report_to']})", file=sys.stderr)
+            return data
+        data["report_to"] = ["tensorboard"] if old else []
+        print(f"note: logging.tensorboard is deprecated: read as logging.report_to: {data['report_to']} "
+              "(write that instead; docs/guides/trackers.md)", file=sys.stderr)
+        return data
 
 
 class TrainConfig(AgentConfig):
@@ -153,7 +179,7 @@ class TrainConfig(AgentConfig):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="Advantages, loss, KL, optimizer.")
     stage1: StageConfig = Field(default_factory=_stage1, description="Stage 1: learn to call search (R_retrieve + R_format).")
     stage2: StageConfig = Field(default_factory=_stage2, description="Stage 2: learn to use the results (R_answer + R_format); starts from Stage 1's weights.")
-    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Samples, checkpoints, TensorBoard.")
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Samples, checkpoints, experiment trackers (TensorBoard, wandb, MLflow).")
     health: HealthConfig = Field(
         default_factory=HealthConfig, description="Collapse monitors run after every step (search rate, echoed answers, "
         "length, entropy, flat groups, log-prob mismatch, NaN/Inf, step time): values in metrics.jsonl, alarms in alarms.jsonl.",

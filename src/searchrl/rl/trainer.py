@@ -38,6 +38,7 @@ from searchrl.rl.sft import sft_step, write_messages
 from searchrl.rl.step import StepIndex, train_step
 from searchrl.runlock import RunLock
 from searchrl.runlog import ROLLBACKS_FILE, RunLogger, read_events, read_metrics
+from searchrl.trackers import check_installed
 
 
 def step_seed(seed: int, stage: int, step: int, rank: int = 0, rollbacks: int = 0) -> int:
@@ -121,6 +122,7 @@ def _train(cfg: TrainConfig, resume: Path | None, stages: list[int] | None, d: D
             if d.main:
                 print(f"{run_dir}: every stage is already complete", flush=True)
             return run_dir
+    check_installed(cfg.logging.report_to)  # before any model loads
     prepared = preflight(cfg, plan[first:], str(state_dir or cfg.model))
     if d.main:
         announce(cfg)  # after the checks: a rejected config prints its error alone
@@ -136,8 +138,8 @@ def _train(cfg: TrainConfig, resume: Path | None, stages: list[int] | None, d: D
     if d.main:  # tool calls: the SFT examples as chat messages, for other trainers
         sft = [p for s in plan[first:] if cfg.stage(s).kind == "sft" for p in prepared.questions[s]]
         write_messages(run_dir, worker.engine, sft)
-    logger = RunLogger(run_dir, cfg.logging.tensorboard, purge_step=state.step + 1 if state else None,
-                       echo=cfg.logging.progress) if d.main else None
+    logger = RunLogger(run_dir, cfg.logging.report_to, purge_step=state.step + 1 if state else None,
+                       echo=cfg.logging.progress, config=cfg.model_dump(mode="json")) if d.main else None
     metrics_lines = state.metrics_lines if state else 0
     watch = HealthWatch(cfg.health, read_metrics(run_dir)) if d.main else None  # a resumed run's windows go on
     try:
@@ -161,7 +163,7 @@ def _train(cfg: TrainConfig, resume: Path | None, stages: list[int] | None, d: D
                     values, alarms = watch.observe(record)
                     record.update({mn.HEALTH.key(name): v for name, v in values.items()})
                     logger.log(record)
-                    _write_samples(run_dir, step, samples, cfg)
+                    _write_samples(run_dir, step, samples, cfg, logger)
                     report(run_dir, alarms)
                     stop, rolled = rollback.respond(run_dir, alarms, cfg.health, rollbacks)
                 stop, rolled = d.broadcast((stop, rolled))  # every rank saves and ends, or rolls back, together
@@ -200,7 +202,8 @@ def _train(cfg: TrainConfig, resume: Path | None, stages: list[int] | None, d: D
     return run_dir
 
 
-def _write_samples(run_dir: Path, step: int, samples: list[dict], cfg: TrainConfig) -> None:
+def _write_samples(run_dir: Path, step: int, samples: list[dict], cfg: TrainConfig, logger: RunLogger) -> None:
+    """samples/step_XXXX.jsonl every `sample_every` steps, and the same rows as a tracker table."""
     every = cfg.logging.sample_every
     if not every or step % every:
         return
@@ -212,6 +215,7 @@ def _write_samples(run_dir: Path, step: int, samples: list[dict], cfg: TrainConf
         for rec in keep:
             fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
     shutil.move(tmp, folder / f"step_{step:04d}.jsonl")
+    logger.log_samples(step, keep)
 
 
 def train_command(config: str | None, overrides: list[str], stage: int | None, resume: str | None, out: str | None,
