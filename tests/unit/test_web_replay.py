@@ -9,6 +9,7 @@ import socket
 
 import pytest
 from loopback import FakeWeb
+from test_eval_services import FACT, GOLD, Q1, Q2  # the two questions and the pages' facts
 from typer.testing import CliRunner
 
 import searchrl.outbound
@@ -23,9 +24,6 @@ from searchrl.rollout.scripted import ScriptedBackend
 from searchrl.tags import SEARCH_R1_TAGS
 from searchrl.tools import ToolContext, build_tools
 
-Q1, Q2 = "Which river flows through Quellbridge?", "Who founded Orrin Optics?"
-GOLD = {Q1: "Tessaly", Q2: "Dagny Halvorsen"}
-FACT = {Q1: "market town on the river Tessaly", Q2: "camera maker founded by Dagny Halvorsen"}  # on the pages only
 runner = CliRunner()
 
 
