@@ -330,22 +330,20 @@ def data_available() -> bool:
 def list_command() -> None:
     """`searchrl data list`: tables of the catalog datasets and indexes."""
     from rich.console import Console
-    from rich.table import Table
+    from rich.text import Text
+
+    from searchrl.tables import Column, print_table
 
     console = Console()
-    table = Table(title="datasets (searchrl data show NAME)")
-    for col in ("name", "questions", "source", "description"):
-        table.add_column(col, justify="right" if col == "questions" else "left", overflow="fold")
-    for info in list_datasets():
-        count = f"{info.count:,}" if info.count is not None else "[red]n/a[/]"
-        table.add_row(info.name, count, info.source, info.description + (f" [red]({info.problem})[/]" if info.problem else ""))
-    console.print(table)
-    indexes = Table(title="indexes (--index NAME; built on first use)")
-    for col in ("name", "built", "description"):
-        indexes.add_column(col)
-    for name, description, built in list_indexes():
-        indexes.add_row(name, "yes" if built else "no", description)
-    console.print(indexes)
+    rows = [[info.name, f"{info.count:,}" if info.count is not None else Text("n/a", style="red"), info.source,
+             Text.assemble(info.description, (f" ({info.problem})" if info.problem else "", "red"))]
+            for info in list_datasets()]
+    print_table(console, [Column("name"), Column("questions", right=True), Column("source", drop_first=True),
+                          Column("description", wrap=True)], rows, title="datasets (searchrl data show NAME)")
+    console.print()
+    print_table(console, [Column("name"), Column("built"), Column("description", wrap=True)],
+                [[name, "yes" if built else "no", description] for name, description, built in list_indexes()],
+                title="indexes (--index NAME; built on first use)")
     if not data_available():
         console.print("[yellow]benchmark data folder not found; set SEARCHRL_DATA=/path/to/shared/data[/]")
 

@@ -151,9 +151,9 @@ def compose_command(
 ) -> list[Question]:
     """`searchrl data compose`: YAML file, `--set` overrides, then `--take` parts and flags win."""
     from rich.console import Console
-    from rich.table import Table
 
     from searchrl.config import flag_overrides, load_config
+    from searchrl.tables import Column, print_table
 
     if takes:
         flags = {**flags, "parts": [parse_take(t) for t in takes]}
@@ -168,12 +168,9 @@ def compose_command(
         encoding="utf-8",
     )
     console = Console()
-    table = Table(title=f"{out}: {len(questions)} questions (seed {cfg.seed})")
-    for col in ("part", "available", "taken"):
-        table.add_column(col, justify="left" if col == "part" else "right", overflow="fold")
-    for row in rows:
-        table.add_row(row["part"], str(row["available"]), str(row["taken"]))
-    console.print(table)
+    print_table(console, [Column("part", wrap=True), Column("available", right=True), Column("taken", right=True)],
+                [[row["part"], str(row["available"]), str(row["taken"])] for row in rows],
+                title=f"{out}: {len(questions)} questions (seed {cfg.seed})")
     for row in rows:
         if row["available"] == 0:
             console.print(f"note: {row['part']} holds no questions; it adds none", highlight=False)

@@ -86,16 +86,17 @@ def retrieval_command(dataset: str, index: str, k: int, limit: int | None, as_js
         print(json.dumps(result))
         return result
     from rich.console import Console
-    from rich.table import Table
 
-    table = Table(title=f"retrieval recall: {dataset} on {index}")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    table.add_row(f"recall@{k}", f"{result['recall']:.3f}")
-    table.add_row(f"all supporting found@{k}", f"{result['all_found']:.3f}")
-    table.add_row(f"any supporting found@{k}", f"{result['any_found']:.3f}")
-    table.add_row("questions scored", str(result["questions"]))
-    table.add_row("skipped (no supporting ids)", str(result["skipped"]))
-    table.add_row("search time (s)", f"{result['seconds']:.1f}")
-    Console().print(table)
+    from searchrl.tables import Column, print_table
+
+    rows = [
+        [f"recall@{k}", f"{result['recall']:.3f}"],
+        [f"all supporting found@{k}", f"{result['all_found']:.3f}"],
+        [f"any supporting found@{k}", f"{result['any_found']:.3f}"],
+        ["questions scored", str(result["questions"])],
+        ["skipped (no supporting ids)", str(result["skipped"])],
+        ["search time (s)", f"{result['seconds']:.1f}"],
+    ]
+    print_table(Console(), [Column("metric", wrap=True), Column("value", right=True)], rows,
+                title=f"retrieval recall: {dataset} on {index}")
     return result

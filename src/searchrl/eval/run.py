@@ -55,12 +55,13 @@ from searchrl.eval.answer_prompts import (
 )
 from searchrl.eval.config import EvalConfig
 from searchrl.eval.spending import Spending, judge_records
-from searchrl.eval.summary import metrics_markdown, summarize
+from searchrl.eval.summary import METRICS_HEADER, metrics_markdown, metrics_rows, summarize
 from searchrl.profiles import announce
 from searchrl.protocol import Protocol
 from searchrl.retrieval.base import Retriever
 from searchrl.retrieval.web.record import RECORD_DIR
 from searchrl.runlock import RunLock
+from searchrl.tables import Column, print_table
 from searchrl.tags import get_tags
 from searchrl.toolformat.protocol import NativeProtocol
 
@@ -279,10 +280,10 @@ def eval_command(config: str | None, overrides: Sequence[str], flags: dict, as_j
         print(json.dumps(metrics))
         return metrics
     from rich.console import Console
-    from rich.markdown import Markdown
 
     console = Console()
-    console.print(Markdown(metrics_markdown(metrics)))
+    columns = [Column(METRICS_HEADER[0], wrap=True), Column(METRICS_HEADER[1], right=True, wrap=True)]
+    print_table(console, columns, metrics_rows(metrics), keep=2)  # a value without its label says nothing
     record = f", {RECORD_DIR}/" if (Path(cfg.out) / RECORD_DIR).is_dir() else ""
     console.print(f"wrote predictions.jsonl, metrics.json, metrics.md, config.yaml{record} to {cfg.out}", highlight=False, markup=False)
     return metrics

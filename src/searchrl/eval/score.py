@@ -261,7 +261,8 @@ def score_command(
     import sys
 
     from rich.console import Console
-    from rich.table import Table
+
+    from searchrl.tables import Column, print_table
 
     records = first_of_each_id(read_predictions(path), path)
     err = Console(stderr=True)
@@ -290,9 +291,6 @@ def score_command(
     if as_json:
         print(json.dumps(scores))
         return scores
-    table = Table(title=f"{path.name}: {scores['n']} predictions")
-    table.add_column("metric")
-    table.add_column("%", justify="right")
     labels = {
         "em": "EM",
         "f1": "F1",
@@ -300,8 +298,7 @@ def score_command(
         "cover_em_substring": "Cover-EM (substring, FlashRAG acc)",
         "acc_l": "ACC_L (LLM judge)",
     }
-    for key, label in labels.items():
-        value = scores[key]
-        table.add_row(label, "n/a" if value is None else f"{100 * value:.1f}")
-    Console().print(table)
+    rows = [[label, "n/a" if scores[key] is None else f"{100 * scores[key]:.1f}"] for key, label in labels.items()]
+    print_table(Console(), [Column("metric", wrap=True), Column("%", right=True)], rows,
+                title=f"{path.name}: {scores['n']} predictions")
     return scores

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from searchrl.eval.spending import cache_hit_rate, spending_rows
+from searchrl.tables import markdown_table
 from searchrl.tools.metrics import tool_metrics
 
 if TYPE_CHECKING:
@@ -81,8 +82,11 @@ def web_provenance(cfg: EvalConfig) -> str:
     return "live, recorded in web_record/" if web.record else "live"
 
 
-def metrics_markdown(metrics: dict) -> str:
-    """metrics.md: one run's metrics as a two-column Markdown table."""
+METRICS_HEADER = ("metric", "value")
+
+
+def metrics_rows(metrics: dict) -> list[tuple[str, str]]:
+    """One run's metrics as (label, value) rows: what metrics.md and `eval run` show."""
     rows = [
         ("model", metrics["model"]),
         ("method", metrics["method"]),
@@ -110,9 +114,12 @@ def metrics_markdown(metrics: dict) -> str:
     cut, full = metrics.get("truncated_documents", 0), metrics.get("stop_reasons", {}).get("context_full", 0)
     if cut or full:  # the model's context bounded the run (rollout.engine): shown only when it did
         rows.append(("documents blocks cut / rollouts stopped, context full", f"{cut} / {full}"))
-    rows += spending_rows(metrics)
-    lines = ["| metric | value |", "|---|---:|"] + [f"| {a} | {b} |" for a, b in rows]
-    return "\n".join(lines) + "\n"
+    return rows + spending_rows(metrics)
+
+
+def metrics_markdown(metrics: dict) -> str:
+    """metrics.md: one run's metrics as a two-column Markdown table."""
+    return markdown_table(METRICS_HEADER, metrics_rows(metrics), (False, True))
 
 
 def fmt_percent(value) -> str:

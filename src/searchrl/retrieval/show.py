@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from searchrl.display import visible
 from searchrl.retrieval import local_index_dir
 from searchrl.retrieval.index import open_index
 from searchrl.retrieval.kinds import SearchSettings
+from searchrl.tables import Column, print_table
 
 
 def search_command(
@@ -33,10 +33,10 @@ def search_command(
     if not hits:
         console.print("no passages matched" + ("" if query.strip() else " (the query is blank)"), markup=False)
         return
-    title = Text(f"'{visible(query, keep_newlines=False)}' in {index}")
-    table = Table("#", "score", "title", "text", title=title, show_lines=False)
+    rows = []
     for rank, p in enumerate(hits, 1):
         snippet = p.text if len(p.text) <= 160 else p.text[:157] + "..."
         name = Text.assemble(visible(p.title, keep_newlines=False), " ", (f"({visible(p.id, keep_newlines=False)})", "dim"))
-        table.add_row(str(rank), f"{p.score:.3f}", name, Text(visible(snippet)))
-    console.print(table, markup=False)
+        rows.append([str(rank), f"{p.score:.3f}", name, Text(visible(snippet))])
+    columns = [Column("#", right=True), Column("score", right=True), Column("title", wrap=True), Column("text", wrap=True)]
+    print_table(console, columns, rows, title=f"'{visible(query, keep_newlines=False)}' in {index}", keep=3)

@@ -367,10 +367,9 @@ def health_command(run_dir: Path, as_json: bool) -> int:
     (`run_health_config`); `EXIT_FINDING` if any fired, else 0. A run with no complete step
     record has nothing to judge: a SearchRLError, like any input that cannot be read."""
     from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
 
     from searchrl.display import visible
+    from searchrl.tables import Column, print_table
 
     if not (Path(run_dir) / METRICS_FILE).is_file():
         raise SearchRLError(f"{run_dir}: no {METRICS_FILE}; give the run directory of `searchrl train`")
@@ -390,15 +389,16 @@ def health_command(run_dir: Path, as_json: bool) -> int:
     elif not alarms and not rollbacks:
         Console().print(f"{run_dir}: healthy ({len(records)} steps, {len(MONITORS)} monitors)", highlight=False, markup=False)
     else:
-        table = Table("monitor", "stage", "step", "value", "threshold", "action", "message",
-                      title=Text(f"{run_dir}: {len(alarms)} alarm(s), {len(rollbacks)} rollback(s)"))
-        for a in alarms:
-            table.add_row(a.monitor, str(a.stage), str(a.step), f"{a.value:.3g}", f"{a.threshold:g}", a.action, a.message)
-        for r in rollbacks:  # read from the run's files: shown as plain text, never as markup
-            table.add_row(*(Text(visible(str(cell))) for cell in (
-                r["monitor"], r["stage"], r["step"], f"{r['value']:.3g}", f"{r['threshold']:g}", f"rollback {r['rollback']}",
-                f"{r['message']}; back to step {r['to_step']}, lr x{r['lr_scale']:g}")))
-        Console().print(table)
+        rows = [[a.monitor, str(a.stage), str(a.step), f"{a.value:.3g}", f"{a.threshold:g}", a.action, a.message]
+                for a in alarms]
+        rows += [[visible(str(cell)) for cell in (  # read from the run's files: shown as plain text
+            r["monitor"], r["stage"], r["step"], f"{r['value']:.3g}", f"{r['threshold']:g}", f"rollback {r['rollback']}",
+            f"{r['message']}; back to step {r['to_step']}, lr x{r['lr_scale']:g}")] for r in rollbacks]
+        # On a narrow terminal the monitor, step, action and message stay.
+        columns = [Column("monitor"), Column("stage", right=True, drop_first=True), Column("step", right=True),
+                   Column("value", right=True, drop_first=True), Column("threshold", right=True, drop_first=True),
+                   Column("action"), Column("message", wrap=True)]
+        print_table(Console(), columns, rows, title=f"{run_dir}: {len(alarms)} alarm(s), {len(rollbacks)} rollback(s)")
     return EXIT_FINDING if alarms or rollbacks else EXIT_OK
 
 

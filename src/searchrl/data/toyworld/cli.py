@@ -7,21 +7,20 @@ from pathlib import Path
 
 from pydantic import ValidationError
 from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
 from searchrl.data.toyworld import QUESTION_TYPES, ToyWorld, ToyWorldConfig, generate, write
 from searchrl.errors import SearchRLError
+from searchrl.tables import Column, print_table
 
 
-def counts_table(world: ToyWorld) -> Table:
+def print_counts(world: ToyWorld, console: Console) -> None:
+    """Questions per type and split, and their totals."""
     counts = world.counts()
-    table = Table(title=f"toy world: {len(world.passages):,} passages (seed {world.config.seed})")
-    for column in ("type", "train", "test"):
-        table.add_column(column, justify="left" if column == "type" else "right")
-    for t in QUESTION_TYPES:
-        table.add_row(t, str(counts["train"][t]), str(counts["test"][t]))
-    table.add_row("total", str(len(world.train)), str(len(world.test)), style="bold")
-    return table
+    rows = [[t, str(counts["train"][t]), str(counts["test"][t])] for t in QUESTION_TYPES]
+    rows.append([Text(x, style="bold") for x in ("total", str(len(world.train)), str(len(world.test)))])
+    print_table(console, [Column("type"), Column("train", right=True), Column("test", right=True)], rows,
+                title=f"toy world: {len(world.passages):,} passages (seed {world.config.seed})")
 
 
 def toyworld_command(out: Path, **overrides: int | None) -> None:
@@ -34,6 +33,6 @@ def toyworld_command(out: Path, **overrides: int | None) -> None:
     world = generate(cfg)
     write(world, out)
     console = Console()
-    console.print(counts_table(world))
+    print_counts(world, console)
     console.print(f"wrote {out}/corpus.jsonl, train.jsonl, test.jsonl, meta.json "
                   f"in {time.perf_counter() - start:.1f} s")
