@@ -39,8 +39,8 @@ class AgentConfig(StrictModel):
     model: str = Field("smollm2-135m", description="Model name (smollm2-135m, tiny-random), folder or hub id.")
     profile: str = Field(
         "auto", description="Model profile: the protocol format, tags, prompt and chat template and temperature the run "
-        "uses where this config sets none (docs/guides/models.md). auto = a checkpoint's own (its agent.yaml), a "
-        "built-in model's (smollm2-135m: the CPU demo's search-r1 tags, oneshot prompt, temperature 0.7), a known "
+        "uses where this config sets none (docs/guides/models.md). auto = a checkpoint's or an export's own (its "
+        "agent.yaml, searchrl.json), a built-in model's (smollm2-135m: the CPU demo's search-r1 tags, oneshot prompt, temperature 0.7), a known "
         "family's (Qwen2.5, Qwen3, Llama-3.1-Instruct) or detected from the chat template (none: base; without tools: "
         "instruct; rendering tools: instruct-tools, native tool calls). A name picks one; none = no profile. The run's "
         "config.yaml holds the one chosen.",

@@ -192,13 +192,11 @@ def ask(
 
 
 def ask_command(question: str, config: str | None, flags: dict, as_json: bool = False) -> Trajectory:
-    """`searchrl ask`: YAML file, then an export's protocol and tools (`--model EXPORT_DIR`, see
-    `searchrl.export`), then the explicit flags (keyed by their config keys) win."""
+    """`searchrl ask`: YAML file, then the explicit flags (keyed by their config keys) win; a
+    checkpoint's or an export's own protocol fills what they leave unset (`searchrl.profiles`)."""
     from searchrl.config import flag_overrides, load_config
-    from searchrl.export import export_overrides
 
-    overrides = export_overrides(flags.get("model")) + flag_overrides(flags)
-    return ask(question, load_config(AskConfig, config, overrides), as_json=as_json)
+    return ask(question, load_config(AskConfig, config, flag_overrides(flags)), as_json=as_json)
 
 
 class _LiveView:

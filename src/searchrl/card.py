@@ -117,7 +117,7 @@ def _protocol(manifest: dict, examples: tuple[str, str] | None) -> list[str]:
                   f"A turn ends at {stops}, which `generation_config.json` lists as end-of-sequence tokens."
                   + (f" vLLM's tool-call parser for it: `{parser}`." if parser else "")]
     lines += ["", (f"`searchrl.json` records all of this (protocol, tools: {', '.join(manifest['tools'])}, stop strings), so "
-              "`searchrl ask --model THIS_FOLDER` needs no flags."), ""]
+              "`searchrl ask` and `searchrl eval run` with `--model THIS_FOLDER` need no protocol flags."), ""]
     return lines
 
 

@@ -1,10 +1,13 @@
 """What a checkpoint was trained to speak: its protocol and tools, in `agent.yaml` beside the
-weights (written by the trainer with every checkpoint). `read_checkpoint_agent` is the one reader:
-`ask`, `eval run`, `view`, a next training stage and `export` take a checkpoint's protocol from it
-(through the model profile, `searchrl.profiles`), so a trained model needs no protocol flags."""
+weights (written by the trainer with every checkpoint), or in `searchrl.json` of an export
+(written by `searchrl export`, docs/guides/export.md). `read_checkpoint_agent` is the one reader:
+`ask`, `eval run`, `eval report`, `data select`, a next training stage and `export` take a trained
+model's protocol from it (through the model profile, `searchrl.profiles`), so a trained model
+needs no protocol flags."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import yaml
@@ -12,6 +15,9 @@ import yaml
 from searchrl.errors import SearchRLError
 
 AGENT_FILE = "agent.yaml"
+EXPORT_FILE = "searchrl.json"  # an export's manifest
+EXPORT_VERSION = 1
+PROMPT_FILE = "prompt_template.txt"  # a run's prompt template file, carried into its export
 
 
 def agent_settings(cfg) -> dict:
@@ -27,12 +33,16 @@ def write_checkpoint_agent(folder: Path, settings: dict) -> None:
 
 
 def read_checkpoint_agent(path: str | Path) -> dict | None:
-    """`{"protocol": {...}, "tools": [...]}` that the checkpoint folder `path` was trained with;
-    None when `path` is no such folder. Checkpoints written before `agent.yaml` existed
-    (`RUN/checkpoints/step_XXXX`) give their run's config.yaml sections instead."""
+    """`{"protocol": {...}, "tools": [...]}` that the checkpoint or export folder `path` was
+    trained with, and for an export `"rollout"`: the temperature and top-p it was trained to
+    sample at; None when `path` is no such folder. Checkpoints written before `agent.yaml`
+    existed (`RUN/checkpoints/step_XXXX`) give their run's config.yaml sections instead."""
     folder = Path(path).expanduser()
     if not folder.is_dir():
         return None
+    if (folder / EXPORT_FILE).is_file():
+        manifest = read_export(folder)
+        return {**_sections(folder / EXPORT_FILE, manifest), "rollout": dict(manifest["sampling"])}
     file = folder / AGENT_FILE
     if file.is_file():
         return _sections(file, _read(file))
@@ -42,6 +52,34 @@ def read_checkpoint_agent(path: str | Path) -> dict | None:
         # A run before tools existed spoke search alone.
         return _sections(run_config, {"protocol": data.get("protocol", {}), "tools": data.get("tools", ["search"])})
     return None
+
+
+def read_export(folder: str | Path) -> dict:
+    """The manifest of an export folder (`searchrl.json`), a prompt template file resolved to its path."""
+    path = Path(folder) / EXPORT_FILE
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SearchRLError(f"cannot read {path} ({exc}); export the run again") from None
+    if not isinstance(manifest, dict) or manifest.get("version") != EXPORT_VERSION:
+        found = manifest.get("version") if isinstance(manifest, dict) else None
+        raise SearchRLError(f"{path} is of export format {found!r}; this searchrl reads format "
+                            f"{EXPORT_VERSION}: export the run again")
+    if manifest["protocol"]["template"] == PROMPT_FILE:
+        manifest["protocol"]["template"] = str(Path(folder) / PROMPT_FILE)
+    return manifest
+
+
+def export_origin(model: str) -> str | None:
+    """What the export folder `model` was exported from, in a few words ("step 13 of
+    runs/demo/train/checkpoints/step_0013, base smollm2-135m"); None when `model` is no readable export."""
+    if not (Path(model).expanduser() / EXPORT_FILE).is_file():
+        return None
+    try:
+        manifest = read_export(Path(model).expanduser())
+    except SearchRLError:
+        return None
+    return f"step {manifest.get('step')} of {manifest.get('checkpoint')}, base {manifest.get('base_model')}"
 
 
 def _read(file: Path) -> dict:

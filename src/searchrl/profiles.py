@@ -2,9 +2,10 @@
 uses where its config sets none, so that the defaults follow the model (docs/guides/models.md).
 
 A profile is chosen by `AgentConfig.profile` (`auto`: from the model) before the config is
-validated: a checkpoint's own `agent.yaml` (what it was trained with), a built-in model's alias,
-a known family by hub id (Qwen2.5 base / instruct, Qwen3, Llama-3.1-Instruct), or else detected
-from the model's chat template, read from its files without loading it:
+validated: a checkpoint's own `agent.yaml` or an export's `searchrl.json` (what it was trained
+with; an export's also its sampling), a built-in model's alias, a known family by hub id
+(Qwen2.5 base / instruct, Qwen3, Llama-3.1-Instruct), or else detected from the model's chat
+template, read from its files without loading it:
 
     no chat template                 -> base            tags, template base
     a chat template                  -> instruct        tags, template chat
@@ -90,12 +91,12 @@ def profile_for(model: str, wanted: str = "auto") -> Profile:
     agent = read_checkpoint_agent(model)
     if wanted == "checkpoint" or (wanted == "auto" and agent is not None):
         if agent is None:
-            raise SearchRLError(f"profile: checkpoint, but model {model!r} is no checkpoint with its agent settings "
-                                "(agent.yaml); set profile: auto or a profile name")
+            raise SearchRLError(f"profile: checkpoint, but model {model!r} is neither a checkpoint with its agent "
+                                "settings (agent.yaml) nor an export (searchrl.json); set profile: auto or a profile name")
         fmt = agent["protocol"].get("format", "tags")
-        return Profile("checkpoint", f"what {model} was trained with (its agent.yaml)", fmt,
+        return Profile("checkpoint", f"what {model} was trained with", fmt,
                        agent["protocol"] if fmt == "tags" else {}, agent["protocol"] if fmt != "tags" else {},
-                       tools=agent["tools"])
+                       agent.get("rollout", {}), tools=agent["tools"])
     if wanted != "auto":
         if wanted not in PROFILES:
             raise SearchRLError(f"unknown profile {wanted!r}; choose auto, checkpoint or one of: {', '.join(PROFILES)}")

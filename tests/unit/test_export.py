@@ -5,20 +5,27 @@ adapter; `--push-to-hub` without a network is one line."""
 
 from __future__ import annotations
 
+import html
 import json
 import socket
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
+from typer.testing import CliRunner
 
 from searchrl.agent import build_protocol
 from searchrl.ask import AskConfig
 from searchrl.assets import load_model
+from searchrl.checkpoint_meta import read_checkpoint_agent
+from searchrl.cli import app
 from searchrl.cli import run as cli_run
 from searchrl.config import load_config
-from searchrl.errors import SearchRLError
-from searchrl.export import export, export_overrides, find_checkpoint, read_export
+from searchrl.errors import DataWarning, SearchRLError
+from searchrl.eval.config import EvalConfig
+from searchrl.eval.view import write_view
+from searchrl.export import export, find_checkpoint, read_export
 from searchrl.rl import trainer
 from searchrl.rl.checkpoint import latest_checkpoint
 from searchrl.rl.config import TrainConfig
@@ -71,16 +78,35 @@ def test_export_continues_as_the_checkpoint_and_carries_the_protocol(tags_run, t
     assert Path(manifest["protocol"]["template"]) == out / "prompt_template.txt"  # the run's file, carried along
 
     # `ask --model EXPORT` speaks the run's protocol without a flag: the same prompt.
-    asked = load_config(AskConfig, None, [*export_overrides(str(out)), f"model={out}"])
-    assert asked.rollout.temperature == 0.7 and asked.tools == ["search"]
+    asked = AskConfig(model=str(out))
+    assert (asked.profile, asked.rollout.temperature, asked.rollout.top_p, asked.tools) == ("checkpoint", 0.7, 0.9, ["search"])
     question = "Which river flows through Town 5?"
     assert build_protocol(asked, tok).prompt(question) == build_protocol(cfg, tok).prompt(question)
-    assert export_overrides("tiny-random") == []
 
     card = (out / "README.md").read_text()
     assert "43.2" in card and "eval-after" in card  # the run's evaluation table
     assert "Stage 1, 1 steps" in card and "arXiv:2503.05592" in card and "`tiny-random`" in card
     assert "vllm serve" in card and "AutoModelForCausalLM" in card
+
+
+def test_eval_run_and_view_read_the_exports_protocol(tags_run, world, tmp_path):
+    out = export(tags_run, tmp_path / "export")
+    checkpoint = latest_checkpoint(tags_run)
+    trained = read_checkpoint_agent(checkpoint)["protocol"]
+    run = tmp_path / "eval"
+    result = CliRunner().invoke(app, ["eval", "run", "--model", str(out), "--method", "direct", "--dataset",
+                                      str(world / "q.jsonl"), "--limit", "1", "--answer-max-new-tokens", "2",
+                                      "--out", str(run), "--json"])
+    assert result.exit_code == 0, result.output
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert (saved["profile"], saved["tools"], saved["rollout"]["top_p"]) == ("checkpoint", ["search"], 0.9)
+    assert saved["protocol"] == {**trained, "template": str(out / "prompt_template.txt")}  # the run's file, carried along
+    page = html.unescape(write_view(run / "predictions.jsonl").read_text(encoding="utf-8"))
+    assert (f"{out} (export of step 1 of {checkpoint}, base tiny-random; profile checkpoint): "
+            f"tags {trained['tags']}, template {out / 'prompt_template.txt'}") in page
+    # Another protocol may be set: it is used, and said to differ from the export's.
+    with pytest.warns(DataWarning, match=rf"checkpoint {out} was trained with another protocol.*protocol.tags='search-r1'"):
+        assert EvalConfig(model=str(out), method="direct", protocol={"tags": "search-r1"}).protocol.tags == "search-r1"
 
 
 def test_export_refuses_a_used_folder_and_a_source_that_is_no_run(tags_run, tmp_path):
@@ -108,7 +134,7 @@ def test_native_run_exports_its_chat_template_and_turn_ends(world, tmp_path):
     eos = gen.eos_token_id
     assert gen.stop_strings is None  # its stops are tokens: a plain generate() needs no tokenizer
     assert set(trained.chat.stop_ids) <= set(eos if isinstance(eos, list) else [eos])
-    asked = build_protocol(load_config(AskConfig, None, [*export_overrides(str(out)), f"model={out}"]), tok)
+    asked = build_protocol(AskConfig(model=str(out)), tok)
     assert asked.prompt_ids("Where is Town 2?") == trained.prompt_ids("Where is Town 2?")
     assert "--tool-call-parser hermes" in (out / "README.md").read_text()
     assert "None: no evaluation" in (out / "README.md").read_text()

@@ -607,9 +607,11 @@ def render_page(
 
 def run_protocol(predictions: Path) -> str | None:
     """What the run that wrote `predictions` spoke, from its config.yaml (an eval run's, beside the
-    file; a training run's, above its samples/): model, profile and protocol, in one line. None
-    when there is no readable one (a file from elsewhere)."""
+    file; a training run's, above its samples/): model (an export's origin too), profile and
+    protocol, in one line. None when there is no readable one (a file from elsewhere)."""
     import yaml
+
+    from searchrl.checkpoint_meta import export_origin
 
     for config in (predictions.parent / "config.yaml", predictions.parent.parent / "config.yaml"):
         try:
@@ -620,8 +622,10 @@ def run_protocol(predictions: Path) -> str | None:
         if isinstance(protocol, dict):
             fmt = protocol.get("format", "tags")
             spoken = f"tags {protocol.get('tags')}" if fmt == "tags" else f"tool calls ({', '.join(data.get('tools') or ['search'])})"
-            profile = f" (profile {data['profile']})" if data.get("profile") else ""
-            return f"{data.get('model')}{profile}: {spoken}, template {protocol.get('template')}"
+            notes = [f"export of {origin}" for origin in [export_origin(str(data.get("model")))] if origin]
+            notes += [f"profile {data['profile']}"] if data.get("profile") else []
+            about = f" ({'; '.join(notes)})" if notes else ""
+            return f"{data.get('model')}{about}: {spoken}, template {protocol.get('template')}"
     return None
 
 
