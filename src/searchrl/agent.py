@@ -70,10 +70,15 @@ class AgentConfig(StrictModel):
 
     @model_validator(mode="after")
     def _tools_of_format(self) -> AgentConfig:
-        if self.protocol.format == "tags" and self.tools != ["search"]:
-            raise ValueError(f"the tag protocols speak the search tool only (tools: {self.tools}); "
-                             "set protocol.format: tool-calls to give the model other tools")
+        check_tools_of_format(self.protocol, self.tools)
         return self
+
+
+def check_tools_of_format(protocol: ProtocolConfig, tools: list[str]) -> None:
+    """A tag protocol speaks the search tool alone (a ValueError for a config validator otherwise)."""
+    if protocol.format == "tags" and tools != ["search"]:
+        raise ValueError(f"the tag protocols speak the search tool only (tools: {tools}); "
+                         "set protocol.format: tool-calls to give the model other tools")
 
 
 def build_protocol(cfg: AgentConfig, tokenizer) -> Protocol | NativeProtocol:

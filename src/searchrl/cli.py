@@ -395,8 +395,9 @@ def eval_report(
     retrievers: str | None = typer.Option(None, "--retrievers", help="Comma-separated: bm25 (localwiki), dense (localwiki-dense, MiniLM; ~17 CPU-min to build once). Default both."),
     limit: int | None = typer.Option(None, "--limit", min=1, help="First N questions of each dataset (default 50; --set limit=null for all)."),
     backend: str | None = typer.Option(None, "--backend", help="rollout.backend: hf (default) or vllm."),
-    tags: str | None = typer.Option(None, "--tags", help="protocol.tags (default search-r1, the CPU demo's)."),
-    template: str | None = typer.Option(None, "--template", help="protocol.template (default oneshot, the CPU demo's)."),
+    tags: str | None = typer.Option(None, "--tags", help=TAGS_HELP),
+    template: str | None = typer.Option(None, "--template", help=TEMPLATE_HELP),
+    profile: str | None = typer.Option(None, "--profile", help=PROFILE_HELP),
     k: int | None = typer.Option(None, "-k", "--k", min=1, help="rollout.k: passages per search (default 5, the paper's evaluation k)."),
     max_searches: int | None = typer.Option(None, "--max-searches", min=0, help="rollout.max_searches (default 8)."),
     max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", min=1, help="rollout.max_new_tokens: agent policy tokens per question (default 512)."),
@@ -412,7 +413,7 @@ def eval_report(
 
     flags = {"model": model, "datasets": _names(datasets), "methods": _names(methods), "retrievers": _names(retrievers),
              "limit": limit, "rollout.backend": backend, "protocol.tags": tags, "protocol.template": template,
-             "rollout.k": k, "rollout.max_searches": max_searches, "rollout.max_new_tokens": max_new_tokens,
+             "profile": profile, "rollout.k": k, "rollout.max_searches": max_searches, "rollout.max_new_tokens": max_new_tokens,
              "rollout.batch_size": batch_size, "judge.url": judge_url, "judge.model": judge_model, "out": out}
     report_command(config, overrides or [], flags)
 

@@ -7,15 +7,18 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from loopback import FakeOpenAI
 from typer.testing import CliRunner
 
-from searchrl.assets import load_tokenizer
+from searchrl.assets import load_model, load_tokenizer
+from searchrl.checkpoint_meta import write_checkpoint_agent
 from searchrl.cli import app
 from searchrl.data.types import Passage, Question
-from searchrl.errors import SearchRLError
+from searchrl.errors import DataWarning, SearchRLError
 from searchrl.eval import resume as saved
 from searchrl.eval.report import ReportConfig, run_report
+from searchrl.protocol import ProtocolConfig
 from searchrl.retrieval.index import build_index
 from searchrl.rollout.scripted import ScriptedBackend
 from searchrl.tags import SEARCH_R1_TAGS as TAGS
@@ -91,6 +94,7 @@ def _cfg(world: Path, out: Path, **kw) -> ReportConfig:
         "indexes": {"bm25": str(world / "index"), "alt": str(world / "index")},
         "limit": 2,
         "rollout": {"k": 2, "batch_size": 1},
+        "protocol": {"tags": "search-r1", "template": "oneshot"},  # what the scripted policy speaks
         "out": str(out),
     }
     return ReportConfig(**{**fields, **kw})
@@ -347,9 +351,31 @@ def test_cli_tiny_random_direct(world, tmp_path):
         1,
         "tiny-random",
         "r1searcher",
-        "oneshot",
+        "base",  # the model profile's, tiny-random's
     )
     assert (
         "| HotpotQA | hotpot-mini | direct | — | 1 |" in result.output
         and (out / "report.md").is_file()
     )
+
+
+def test_a_checkpoints_protocol_and_tools_are_the_reports(world, tmp_path, tokenizer):
+    """A checkpoint (tiny-random's weights with an agent.yaml; the scripted policy answers) is
+    reported with the protocol it was trained with; another one set is used, and warned about."""
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_0002"
+    load_model("tiny-random")[0].save_pretrained(checkpoint)
+    trained = ProtocolConfig(tags="search-r1", template="oneshot", doc_style="title-lines")
+    write_checkpoint_agent(checkpoint, {"protocol": trained.model_dump(mode="json"), "tools": ["search"]})
+    cfg = _cfg(world, tmp_path / "report", model=str(checkpoint), protocol={}, methods=["direct", "agent"],
+               retrievers=["bm25"])
+    assert (cfg.profile, cfg.protocol, cfg.tools) == ("checkpoint", trained, ["search"])
+    path = run_report(cfg, backend=ScriptedBackend(tokenizer, policy), progress=False)
+    for run in (tmp_path / "report" / "runs").iterdir():
+        saved = yaml.safe_load((run / "config.yaml").read_text())
+        assert (saved["profile"], saved["protocol"]["doc_style"], saved["tools"]) == ("checkpoint", "title-lines", ["search"])
+    assert "- protocol: tags `search-r1`, template `oneshot` (agent; model profile checkpoint)" in path.read_text()
+    agent = _ours(_table(path.read_text(), "## Results"))[("hotpot-mini", "agent", "bm25")]
+    assert agent["searches/q"] == "1.00"  # the scripted policy searched: it was prompted with the search-r1 tags
+    with pytest.warns(DataWarning, match=r"protocol.tags='r1searcher' \(trained: 'search-r1'\)"):
+        other = _cfg(world, tmp_path / "other", model=str(checkpoint), protocol={"tags": "r1searcher"})
+    assert (other.protocol.tags, other.protocol.template, other.protocol.doc_style) == ("r1searcher", "oneshot", "title-lines")

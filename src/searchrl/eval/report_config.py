@@ -6,13 +6,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import Field, model_validator
 
+from searchrl.agent import AgentConfig, check_tools_of_format
 from searchrl.config import StrictModel
 from searchrl.eval.config import EvalConfig
 from searchrl.judge import JudgeConfig
+from searchrl.profiles import apply_profile
 from searchrl.protocol import ProtocolConfig
 from searchrl.rollout.config import EVAL_ROLLOUT, EvalRollout, RolloutConfig
 
@@ -26,13 +28,7 @@ DEFAULT_DATASETS = [
     "r1s-musique500",
 ]
 DEFAULT_INDEXES = {"bm25": "localwiki", "dense": "localwiki-dense"}
-# The CPU demo's protocol: what a 135M model follows, and what the demo's checkpoint trained with.
-REPORT_PROTOCOL = {"tags": "search-r1", "template": "oneshot"}
-
-
-def _protocol_defaults(value):
-    # A protocol given in part (--tags alone) keeps the report's defaults for the other keys.
-    return {**REPORT_PROTOCOL, **value} if isinstance(value, dict) else value
+AGENT_KEYS = ("profile", "protocol", "tools")  # what the model profile fills (`searchrl.profiles`)
 
 
 class ReportConfig(StrictModel):
@@ -41,8 +37,9 @@ class ReportConfig(StrictModel):
 
     model: str = Field(
         "smollm2-135m",
-        description="Model evaluated: smollm2-135m, a checkpoint folder or a hub id.",
+        description="Model evaluated: smollm2-135m, a hub id, a checkpoint or a `searchrl export` folder.",
     )
+    profile: str = AgentConfig.model_fields["profile"]
     datasets: list[str] = Field(
         default_factory=lambda: list(DEFAULT_DATASETS),
         description="Catalog names or question files. Those whose questions carry supporting ids (their paragraphs are in "
@@ -63,9 +60,16 @@ class ReportConfig(StrictModel):
     limit: int | None = Field(
         50, ge=1, description="First N questions of each dataset (CPU-sized default); null = all."
     )
-    protocol: Annotated[ProtocolConfig, BeforeValidator(_protocol_defaults)] = Field(
-        default_factory=lambda: ProtocolConfig(**REPORT_PROTOCOL),
-        description="Tags and prompt template; default the CPU demo's (what a 135M model follows and the demo trains with).",
+    protocol: ProtocolConfig = Field(
+        default_factory=ProtocolConfig,
+        description="Tags or native tool calls, prompt template, documents style of the agent runs; what is not set "
+        "is the model profile's: a checkpoint's or an export's own (what it was trained with; set otherwise, it is "
+        "used and warned about), smollm2-135m's the CPU demo's search-r1 tags and oneshot prompt.",
+    )
+    tools: list[str] = Field(
+        default_factory=lambda: ["search"], min_length=1,
+        description="Tools of the agent runs (a tool-call protocol's; the tag protocols speak search only); default "
+        "the model profile's (a checkpoint's or an export's own).",
     )
     rollout: EvalRollout = Field(
         default_factory=lambda: RolloutConfig(**EVAL_ROLLOUT),
@@ -83,8 +87,20 @@ class ReportConfig(StrictModel):
         description="Report folder: runs/<dataset>__<method>[__<retriever>]/, report.md, plots/.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _profile(cls, data):
+        # As in an agent config: the keys given are what the user set, the model profile fills the
+        # protocol and tools. The rollout stays the report's (greedy), so finished runs stay valid.
+        if not isinstance(data, dict):
+            return data
+        given = {key: data[key] for key in ("model", *AGENT_KEYS) if key in data}
+        filled = apply_profile(given, cls.model_fields["model"].default)
+        return {**data, **{key: filled[key] for key in AGENT_KEYS if key in filled}}
+
     @model_validator(mode="after")
     def _check(self) -> ReportConfig:
+        check_tools_of_format(self.protocol, self.tools)
         for field in ("datasets", "methods", "retrievers"):
             values = getattr(self, field)
             if not values or len(set(values)) != len(values):

@@ -200,8 +200,10 @@ def _header(
         f"search (rag: one search with the question); agent: at most {r.max_searches} searches and "
         f"{r.max_new_tokens} policy tokens"
     )
+    p = cfg.protocol
+    spoken = f"tags `{p.tags}`" if p.format == "tags" else f"tool calls ({', '.join(cfg.tools)})"
     protocol = (
-        f"- protocol: tags `{cfg.protocol.tags}`, template `{cfg.protocol.template}` (agent); rag and direct "
+        f"- protocol: {spoken}, template `{p.template}` (agent; model profile {cfg.profile}); rag and direct "
         "use their own answer prompts (`searchrl.eval.answer_prompts`)"
     )
     skipped = (
