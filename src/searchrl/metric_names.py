@@ -92,6 +92,15 @@ KL = _metric("kl", "learning", "k3 KL of the policy to the reference per policy 
 ENTROPY = _metric("entropy", "learning", "Policy entropy per policy token, in nats (null when no log-prob pass ran).")
 LOGPROB_MISMATCH = _metric("logprob_mismatch", "learning",
                            "Mean |sampler log-prob − actor log-prob| per policy token: how far generation and training disagree.")
+IS_RATIO_MEAN = _metric("is_ratio_mean", "learning",
+                        "Mean importance ratio π_old / π_sampler per policy token: the trainer's policy at the start of the "
+                        "update over the sampler's (behaviour) log-probs (algorithm.off_policy corrects for it; measured always).")
+IS_RATIO_MAX = _metric("is_ratio_max", "learning", "Largest importance ratio π_old / π_sampler of any policy token of the step.")
+IS_CLIP_FRAC = _metric("is_clip_frac", "learning",
+                       "Share of policy tokens whose ratio π_old / π_sampler is over algorithm.is_cap (tis truncates them, decoupled leaves them out).")
+STALENESS_MEAN = _metric("staleness_mean", "learning",
+                         "Policy versions between the weights that sampled a rollout and those its update starts from, mean over rollouts (0 in sync mode).")
+STALENESS_MAX = _metric("staleness_max", "learning", "The step's largest staleness (policy versions) of any rollout.")
 CLIP_FRAC = _metric("clip_frac", "learning", "Share of policy tokens whose clipped branch won (they get no gradient).")
 APPROX_KL = _metric("approx_kl", "learning", "k3 estimate of KL(old ‖ new) over the updates, per policy token.")
 RATIO_MEAN = _metric("ratio_mean", "learning", "Mean importance ratio new / old over the policy tokens trained on.")

@@ -67,7 +67,7 @@ def recomputed_gap(model, trajs) -> float:
     batch = make_batch(trajs, [0.0] * len(trajs), list(range(len(trajs))), 0, "cpu")
     logp, _ = batched_logprobs(model, batch, 16)
     mask = batch.mask.bool()
-    return float((batch.sample_logp - logp)[mask].abs().mean())
+    return float((batch.behaviour_logp - logp)[mask].abs().mean())
 
 
 def test_greedy_agent_rollouts_match_the_hf_backend(hf, vllm_backend, toy):

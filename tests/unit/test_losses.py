@@ -15,6 +15,9 @@ from searchrl.errors import SearchRLError
 from searchrl.rl.losses import (
     KL_ESTIMATORS,
     LOSS_AGGREGATIONS,
+    OFF_POLICY_CORRECTIONS,
+    behaviour_log_ratio,
+    decoupled_is_weight,
     entropy_from_logits,
     kl_loss,
     kl_penalty,
@@ -24,8 +27,10 @@ from searchrl.rl.losses import (
     masked_moments,
     masked_sum,
     masked_whiten,
+    off_policy_weight,
     policy_loss,
     token_logprobs,
+    truncated_is_weight,
 )
 
 LN2 = math.log(2.0)
@@ -153,6 +158,104 @@ def test_policy_loss_empty_mask_is_zero_not_nan():
     loss.backward()
     assert loss.item() == 0.0 and torch.equal(logp.grad, torch.zeros(2, 3))
     assert dataclasses.astuple(stats) == (0.0, 0.0, 0.0)
+
+
+# --- off-policy correction -----------------------------------------------------------------
+# old_logp: the proximal policy (trainer, start of the update); behaviour: the sampler's log-probs.
+
+
+def test_correction_weights_by_hand_and_masked_tokens_get_none():
+    old = torch.log(torch.tensor([[0.5, 0.6, 0.9], [0.45, 0.9, 0.9]]))
+    behaviour = torch.log(torch.tensor([[0.5, 0.4, 0.3], [0.25, 0.0, 0.9]]))  # 0.0: −inf at a masked token
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    # π_old / μ: row 0 [0.5/0.5, 0.6/0.4, 0.9/0.3] = [1.0, 1.5, 3.0]; row 1 [0.45/0.25 = 1.8, masked, masked]
+    close(behaviour_log_ratio(old, behaviour, mask), [[0.0, math.log(1.5), math.log(3.0)], [math.log(1.8), 0.0, 0.0]])
+    # tis truncates at 2: [1.0, 1.5, 2.0]; [1.8, 0, 0] (masked tokens weigh 0)
+    close(truncated_is_weight(old, behaviour, mask, 2.0), [[1.0, 1.5, 2.0], [1.8, 0.0, 0.0]])
+    # decoupled drops the token over the cap: [1.0, 1.5, 0.0]; [1.8, 0, 0]
+    close(decoupled_is_weight(old, behaviour, mask, 2.0), [[1.0, 1.5, 0.0], [1.8, 0.0, 0.0]])
+    # a cap of 5 binds nowhere: both are the plain ratio
+    for fn in (truncated_is_weight, decoupled_is_weight):
+        close(fn(old, behaviour, mask, 5.0), [[1.0, 1.5, 3.0], [1.8, 0.0, 0.0]])
+    assert off_policy_weight("none", old, behaviour, mask) is None
+    assert OFF_POLICY_CORRECTIONS.names() == ["decoupled", "none", "tis"]
+    with pytest.raises(SearchRLError, match="unknown off-policy correction 'vtrace'"):
+        off_policy_weight("vtrace", old, behaviour, mask)
+
+
+def test_correction_weights_never_overflow_and_carry_no_gradient():
+    old = torch.tensor([[0.0, -1.0]], requires_grad=True)
+    behaviour = torch.tensor([[-1000.0, -1.0]])  # a token the sampler almost never picks: ratio e^1000
+    mask = torch.ones(1, 2)
+    tis = truncated_is_weight(old, behaviour, mask, 2.0)
+    close(tis, [[2.0, 1.0]])  # truncated in log space, never inf
+    close(decoupled_is_weight(old, behaviour, mask, 2.0), [[0.0, 1.0]])
+    assert not tis.requires_grad
+
+
+def _clipped_case():
+    """`test_policy_loss_clipped_case_by_hand`'s tokens: ratio π_θ / π_old = [1.5, 0.5, 0.5],
+    A = [1, 1, −1], clipped token losses [−1.2, −0.5, +0.8] (plain loss −0.3)."""
+    old = torch.zeros(1, 3)
+    logp = torch.log(torch.tensor([[1.5, 0.5, 0.5]]))
+    return logp, old, torch.tensor([[1.0, 1.0, -1.0]]), torch.ones(1, 3)
+
+
+@pytest.mark.parametrize("kind", ["tis", "decoupled"])
+def test_behaviour_equal_to_old_gives_exactly_the_plain_clipped_loss(kind):
+    logp, old, adv, mask = _clipped_case()
+    results = []
+    for weight in (None, off_policy_weight(kind, old, old.clone(), mask)):  # π_old / μ = 1 at every token
+        lp = logp.clone().requires_grad_(True)
+        loss, stats = policy_loss(lp, old, adv, mask, is_weight=weight)
+        loss.backward()
+        results.append((loss.detach(), lp.grad, stats))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    assert results[0][2] == results[1][2]
+    close(results[1][0], -0.3)
+
+
+def test_corrected_loss_and_gradient_by_hand():
+    logp, old, adv, mask = _clipped_case()
+    behaviour = torch.log(torch.tensor([[1.0, 0.8, 0.25]]))  # π_old / μ = [1, 1.25, 4]
+    # tis, cap 2:       w = [1, 1.25, 2] -> (−1.2·1 − 0.5·1.25 + 0.8·2)/3 = −0.225/3 = −0.075
+    # decoupled, cap 2: w = [1, 1.25, 0] -> (−1.2 − 0.625 + 0)/3 = −0.608333
+    # either, cap 5:    w = [1, 1.25, 4] -> (−1.2 − 0.625 + 3.2)/3 = 0.458333
+    for kind, cap, expected in [("tis", 2.0, -0.075), ("decoupled", 2.0, -1.825 / 3), ("tis", 5.0, 1.375 / 3),
+                                ("decoupled", 5.0, 1.375 / 3)]:
+        lp = logp.clone().requires_grad_(True)
+        loss, stats = policy_loss(lp, old, adv, mask, is_weight=off_policy_weight(kind, old, behaviour, mask, cap))
+        close(loss, expected)
+        close(stats.clip_frac, 2 / 3)  # the weight never changes which branch of the clip wins
+        loss.backward()
+        # only t1 is unclipped: d/dlogp of −A·ratio·w / 3 = −1·0.5·1.25/3 = −0.208333; the clipped
+        # tokens still get exactly 0 (the trust region around π_old holds whatever the weight)
+        close(lp.grad, [[0.0, -0.625 / 3, 0.0]])
+
+
+@pytest.mark.parametrize("kind", ["tis", "decoupled"])
+def test_masked_tokens_never_count_in_the_corrected_loss(kind):
+    torch.manual_seed(0)
+    mask = torch.tensor([[1, 1, 0, 0], [1, 0, 1, 0]])
+    adv, old, base = torch.randn(2, 4), torch.randn(2, 4) - 1.0, torch.randn(2, 4) - 1.0
+    behaviour = old - 0.3 * torch.randn(2, 4).abs()  # π_old / μ in [1, ~2.5): some over the cap
+    # masked positions: −inf sampler log-probs (padding), old log-probs far above them, huge advantages
+    bad_behaviour = torch.where(mask.bool(), behaviour, torch.tensor(float("-inf")))
+    bad_old = torch.where(mask.bool(), old, torch.tensor(50.0))
+    bad_adv = torch.where(mask.bool(), adv, torch.tensor(1e30))
+    grads, losses = [], []
+    for o, b, a in ((old, behaviour, adv), (bad_old, bad_behaviour, bad_adv)):
+        weight = off_policy_weight(kind, o, b, mask, 2.0)
+        assert torch.equal(weight[mask == 0], torch.zeros(4))
+        logp = base.clone().requires_grad_(True)
+        loss, _ = policy_loss(logp, o, a, mask, is_weight=weight)
+        loss.backward()
+        grads.append(logp.grad)
+        losses.append(loss.detach())
+    assert torch.isfinite(losses[1])
+    torch.testing.assert_close(losses[0], losses[1])
+    torch.testing.assert_close(grads[0], grads[1])
+    assert torch.equal(grads[1][mask == 0], torch.zeros(4))
 
 
 # --- KL ------------------------------------------------------------------------------------

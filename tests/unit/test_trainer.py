@@ -87,6 +87,11 @@ def test_resume_after_crash_equals_uninterrupted_run(world, tmp_path, varied_rew
     assert [(r["stage"], r["step"]) for r in a] == [(1, 1), (1, 2), (1, 3), (2, 4)]
     assert [(r["stage"], r["step"]) for r in b] == [(r["stage"], r["step"]) for r in a]
     assert _question_ids(full) == _question_ids(crashed)  # same data order, step by step
+    # Rollouts carry the policy version that sampled them, counted on over the resume (step k: k - 1).
+    for run in (full, crashed):
+        versions = {int(f.stem.split("_")[1]): {json.loads(line)["policy_version"] for line in f.read_text().splitlines()}
+                    for f in sorted((run / "samples").glob("step_*.jsonl"))}
+        assert versions == {1: {0}, 2: {1}, 3: {2}, 4: {3}}, run
     # Same seeds, restored optimizer/RNG/data position, exact fp32 weights from safetensors on
     # CPU: the resumed run reproduces the uninterrupted one to float rounding (1e-6).
     for ra, rb in zip(a, b):

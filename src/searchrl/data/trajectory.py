@@ -15,6 +15,10 @@ Source = Literal["policy", "env"]
 STOP_REASONS = ("answer", "eos", "turn_end", "length", "max_searches", "empty_query", "context_full")
 
 
+# The token-level lists, left out of records written without tokens.
+TOKEN_FIELDS = ("prompt_ids", "token_ids", "loss_mask", "logprobs", "token_versions")
+
+
 @dataclass
 class Segment:
     """A run of response text with one provenance: sampled by the policy or inserted by the env."""
@@ -45,6 +49,13 @@ class Trajectory:
     # `timing` as "tools/<name>_s".
     tool_calls: list[dict] = field(default_factory=list)
     timing: dict[str, float] = field(default_factory=dict)
+    # The policy version that sampled the rollout: the trainer's count of applied updates when the
+    # rollout worker got its weights (`Actor.version`); the loss's staleness is the trainer's
+    # version minus this. Files written before it existed load as 0.
+    policy_version: int = 0
+    # [T] the version that sampled each token, only when it changed within the rollout (a rollout
+    # that goes on with new weights); empty = every token by `policy_version`.
+    token_versions: list[int] = field(default_factory=list)
 
     @property
     def response_text(self) -> str:
@@ -54,10 +65,15 @@ class Trajectory:
         """How many calls of tool `name` the policy made (served or not)."""
         return sum(c["name"] == name for c in self.tool_calls)
 
+    def versions(self) -> list[int]:
+        """[T] the policy version that sampled each response token (`token_versions`, or
+        `policy_version` for all when they were not recorded one by one)."""
+        return list(self.token_versions) if self.token_versions else [self.policy_version] * len(self.token_ids)
+
     def to_dict(self, tokens: bool = True) -> dict:
         d = asdict(self)
         if not tokens:
-            for key in ("prompt_ids", "token_ids", "loss_mask", "logprobs"):
+            for key in TOKEN_FIELDS:
                 d.pop(key)
         return d
 
@@ -65,7 +81,7 @@ class Trajectory:
     def from_dict(cls, d: dict) -> Trajectory:
         d = dict(d)
         d["segments"] = [Segment(**s) for s in d.get("segments", [])]
-        for key in ("prompt_ids", "token_ids", "loss_mask", "logprobs"):
+        for key in TOKEN_FIELDS:
             d.setdefault(key, [])
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in d.items() if k in known})

@@ -32,6 +32,7 @@ from searchrl.rl.losses import (
     PolicyLossStats,
     kl_loss,
     loss_units,
+    off_policy_weight,
     policy_loss,
     sft_loss,
 )
@@ -109,6 +110,10 @@ class Actor:
         self.cfg, self.model, self.tokenizer, self.dist = cfg, model, tokenizer, dist
         self.optimizer: torch.optim.Optimizer | None = None
         self.reference: Reference | None = None
+        # The policy version: training steps whose update has been applied (`update` calls), over
+        # the whole run; a resumed run sets it from its checkpoint. Rollouts carry the version that
+        # sampled them (`Trajectory.policy_version`), so their staleness is this minus that.
+        self.version = 0
 
     @classmethod
     def load(cls, cfg: TrainConfig, checkpoint: Path | None = None, lora_resume: bool = False, dist: Dist = LOCAL) -> Actor:
@@ -208,7 +213,7 @@ class Actor:
         per_step = alg.ppo_epochs * n_mini
         old_from_update = not sft and batch.old_logp is None
         if old_from_update:
-            batch.old_logp, batch.entropy = torch.zeros_like(batch.sample_logp), torch.zeros_like(batch.sample_logp)
+            batch.old_logp, batch.entropy = torch.zeros_like(batch.behaviour_logp), torch.zeros_like(batch.behaviour_logp)
         # Nothing to learn when every advantage of every rank is 0 and no other term has a gradient.
         has_signal = sft or self.dist.any(bool(batch.advantages.abs().sum() > 0)) or alg.entropy_coef > 0 or self._k3_kl(batch)
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
@@ -237,6 +242,7 @@ class Actor:
                 acc.grad_norms.append(float(whole_tensor(norm)))  # sharded: a DTensor of the global norm
                 self.optimizer.step()
         self.model.eval()
+        self.version += 1
         return acc.reduced(self.dist).stats(self.optimizer.param_groups[0]["lr"])
 
     def _backward(self, batch: RolloutBatch, idx: torch.Tensor, units: int, old_from_update: bool, acc: _Accumulator) -> None:
@@ -250,7 +256,11 @@ class Actor:
             mb.old_logp = logp.detach()
             batch.old_logp[idx, : logp.shape[1]] = mb.old_logp
             batch.entropy[idx, : ent.shape[1]] = ent.detach()
-        pg_loss, stats = policy_loss(logp, mb.old_logp, mb.advantages, mb.mask, alg.clip_eps, alg.clip_eps_high, alg.loss_agg, units)
+        # The proximal policy is the one at the start of the update (old_logp); the weight corrects
+        # for the sampler's (behaviour) log-probs differing from it. None with off_policy: none.
+        weight = off_policy_weight(alg.off_policy, mb.old_logp, mb.behaviour_logp, mb.mask, alg.is_cap)
+        pg_loss, stats = policy_loss(logp, mb.old_logp, mb.advantages, mb.mask, alg.clip_eps, alg.clip_eps_high, alg.loss_agg, units,
+                                     is_weight=weight)
         loss = pg_loss
         if self._k3_kl(batch):
             kl_term = kl_loss(logp, mb.ref_logp, mb.mask, "k3", alg.loss_agg, units)

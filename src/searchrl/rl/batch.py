@@ -29,7 +29,7 @@ class RolloutBatch:
     position_ids: Tensor  # [B, P + T] counts real tokens only, as during generation
     labels: Tensor  # [B, T] response token ids (pad id past each response's end)
     mask: Tensor  # [B, T] loss mask: 1 = sampled by the policy; 0 = env token or padding
-    sample_logp: Tensor  # [B, T] log-probs the sampler reported (0 at masked tokens)
+    behaviour_logp: Tensor  # [B, T] log-probs the sampler reported: the behaviour policy (0 at masked tokens)
     rewards: Tensor  # [B] outcome reward per rollout
     group_ids: list[int]  # [B] which prompt of the step each rollout answers
     prompt_len: int  # P
@@ -63,7 +63,7 @@ class RolloutBatch:
 
 
 _SEQ_FIELDS = ("input_ids", "attention_mask", "position_ids")  # [B, P + T]
-_TOKEN_FIELDS = ("labels", "mask", "sample_logp", "old_logp", "ref_logp", "advantages", "entropy")  # [B, T]
+_TOKEN_FIELDS = ("labels", "mask", "behaviour_logp", "old_logp", "ref_logp", "advantages", "entropy")  # [B, T]
 
 
 def make_batch(
@@ -77,7 +77,7 @@ def make_batch(
     attn = torch.zeros((b, p + t_max), dtype=torch.long)
     pos = torch.zeros((b, p + t_max), dtype=torch.long)
     mask = torch.zeros((b, t_max), dtype=torch.long)
-    sample_logp = torch.zeros((b, t_max), dtype=torch.float32)
+    behaviour_logp = torch.zeros((b, t_max), dtype=torch.float32)
     for i, tr in enumerate(trajs):
         n_p, n_r = len(tr.prompt_ids), len(tr.token_ids)
         ids[i, p - n_p : p] = torch.tensor(tr.prompt_ids, dtype=torch.long)
@@ -85,14 +85,16 @@ def make_batch(
         attn[i, p - n_p : p + n_r] = 1
         pos[i, p - n_p : p + n_r] = torch.arange(n_p + n_r)
         mask[i, :n_r] = torch.tensor(tr.loss_mask, dtype=torch.long)
-        sample_logp[i, :n_r] = torch.tensor(tr.logprobs, dtype=torch.float32)
+        behaviour_logp[i, :n_r] = torch.tensor(tr.logprobs, dtype=torch.float32)
     return RolloutBatch(
         input_ids=ids.to(device),
         attention_mask=attn.to(device),
         position_ids=pos.to(device),
         labels=ids[:, p:].to(device),
         mask=mask.to(device),
-        sample_logp=sample_logp.to(device),
+        # Masked like every token field: whatever a backend reported at an inserted token is not
+        # the behaviour policy's (it never sampled it).
+        behaviour_logp=torch.where(mask.bool(), behaviour_logp, 0.0).to(device),
         rewards=torch.tensor(list(rewards), dtype=torch.float32, device=device),
         group_ids=list(group_ids),
         prompt_len=p,

@@ -49,6 +49,22 @@ class AlgorithmConfig(StrictModel):
         description="How token losses are averaged: token-mean over all policy tokens of a mini-batch (R1-Searcher/OpenRLHF; "
         "long rollouts weigh more) or seq-mean-token-mean (each rollout counts once, the GRPO paper's form).",
     )
+    off_policy: str = Field(
+        "none",
+        description="Off-policy correction to the behaviour policy (the sampler's own per-token log-probs, recorded at "
+        "generation): none (the paper's: the trainer's recomputed old log-probs stand for the sampler); tis (truncated "
+        "importance sampling, Yao et al. 2025: each token's clipped loss times min(pi_old / pi_sampler, is_cap)); "
+        "decoupled (decoupled PPO, Hilton et al. 2022 / AReaL: the clip is taken against the policy at the start of the "
+        "update, weighted by pi_old / pi_sampler, and tokens over is_cap are left out). Why: the sampler's log-probs "
+        "differ from the trainer's even in sync mode (another engine or code path: vLLM kernels, bf16, a KV cache), "
+        "and in async mode samples are policy versions old; both corrections keep the PPO clip, so updates stay in a "
+        "trust region. Costs: a bias toward the sampler where the cap binds; none costs nothing. "
+        "See docs/concepts/algorithms.md.",
+    )
+    is_cap: float = Field(
+        2.0, ge=1.0, description="Cap of the off-policy weight pi_old / pi_sampler (tis truncates to it, decoupled drops "
+        "tokens above it). Lower: less variance, more bias toward the sampler; higher: the reverse. Default 2 (Yao et al. 2025).",
+    )
     kl_coef: float = Field(
         0.0, ge=0, description="KL-to-reference coefficient (paper: 0 for Qwen-2.5-7B-Base, 1e-4 for Llama-3.1-8B-Instruct). "
         "0 loads no reference model at all.",
@@ -85,6 +101,14 @@ class AlgorithmConfig(StrictModel):
         from searchrl.rl.advantages import ADVANTAGES
 
         ADVANTAGES.get(v)
+        return v
+
+    @field_validator("off_policy")
+    @classmethod
+    def _known_correction(cls, v: str) -> str:
+        from searchrl.rl.losses import OFF_POLICY_CORRECTIONS
+
+        OFF_POLICY_CORRECTIONS.get(v)
         return v
 
 

@@ -1,5 +1,6 @@
-"""Losses of the policy update (docs/concepts/algorithms.md): PPO clipped surrogate, KL to the reference, entropy;
-the masked NLL of the SFT baseline (docs/guides/sft.md).
+"""Losses of the policy update (docs/concepts/algorithms.md): PPO clipped surrogate, off-policy
+correction to the behaviour policy, KL to the reference, entropy; the masked NLL of the SFT
+baseline (docs/guides/sft.md).
 
 Notation for tensor shapes:
     B  rollouts in the batch (prompts × samples per prompt)
@@ -18,6 +19,7 @@ by the mask: padding may hold -inf log-probs, and `0 * inf` is NaN in the value 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -129,6 +131,7 @@ def policy_loss(
     clip_eps_high: float | None = None,
     agg: str = "token-mean",
     units: float | None = None,
+    is_weight: Tensor | None = None,  # [B, T] detached off-policy weight (`OFF_POLICY_CORRECTIONS`)
 ) -> tuple[Tensor, PolicyLossStats]:
     """PPO clipped surrogate (Schulman et al. 2017, eq. 7) as a loss to minimise.
 
@@ -136,6 +139,10 @@ def policy_loss(
     the token loss is max(pg_loss1, pg_loss2), aggregated over policy tokens by `agg` (a name in
     `LOSS_AGGREGATIONS`) with `units` as its denominator (default: this batch's). `clip_eps_high` (DAPO's clip-higher, arXiv:2503.14476) defaults to
     `clip_eps`. R1-Searcher uses ε = 0.2.
+
+    `is_weight` [B, T], when given, multiplies each token's clipped loss: the off-policy
+    correction to the behaviour policy (`OFF_POLICY_CORRECTIONS`). It must carry no gradient;
+    the clip still bounds the move from `old_logp`, so the update stays in the trust region.
 
     Returns the scalar loss and detached means over this batch's policy tokens:
     `clip_frac` (share of tokens whose clipped branch won, so they get no gradient),
@@ -151,6 +158,8 @@ def policy_loss(
     pg_loss1 = -advantages * ratio
     pg_loss2 = -advantages * torch.clamp(ratio, 1.0 - clip_eps, 1.0 + high)
     pg_loss = torch.maximum(pg_loss1, pg_loss2)  # [B, T]
+    if is_weight is not None:
+        pg_loss = pg_loss * is_weight
     loss = aggregate(pg_loss, mask, units)
     with torch.no_grad():
         stats = PolicyLossStats(
@@ -159,6 +168,72 @@ def policy_loss(
             ratio_mean=float(masked_mean(ratio, mask)),
         )
     return loss, stats
+
+
+# --- off-policy correction to the behaviour policy ------------------------------------------
+# Three policies meet in an update: the BEHAVIOUR policy μ that sampled the tokens (its log-probs
+# recorded by the generation backend, post-temperature, over the full vocabulary), the PROXIMAL
+# policy π_prox = the trained policy at the start of the update (`old_logp`, recomputed by the
+# trainer), and π_θ being trained. Even in sync mode μ ≠ π_prox: the sampler is another code path
+# or engine (vLLM kernels, bf16, a KV cache); in async mode μ is also some policy versions old.
+# PPO's ratio π_θ / π_prox keeps the update in a trust region around π_prox; the correction below
+# is the detached weight w ≈ π_prox / μ that turns samples of μ into samples of π_prox.
+
+OffPolicyWeight = Callable[[Tensor, Tensor, Tensor, float], "Tensor | None"]
+# (old_logp [B, T], behaviour_logp [B, T], mask [B, T], cap) -> weight [B, T] (or None: no weight)
+OFF_POLICY_CORRECTIONS: Registry[OffPolicyWeight] = Registry("off-policy correction")
+
+
+def behaviour_log_ratio(old_logp: Tensor, behaviour_logp: Tensor, mask: Tensor) -> Tensor:  # [B, T] -> [B, T]
+    """log(π_prox / μ) = old_logp − behaviour_logp at policy tokens, exactly 0 elsewhere."""
+    return _keep(old_logp - behaviour_logp, mask)
+
+
+@OFF_POLICY_CORRECTIONS.register("none")
+def no_correction(old_logp: Tensor, behaviour_logp: Tensor, mask: Tensor, cap: float) -> None:
+    """No weight: the plain clipped loss, which treats the behaviour policy as π_prox (R1-Searcher)."""
+
+
+@OFF_POLICY_CORRECTIONS.register("tis")
+@torch.no_grad()
+def truncated_is_weight(old_logp: Tensor, behaviour_logp: Tensor, mask: Tensor, cap: float) -> Tensor:  # -> [B, T]
+    """Truncated importance sampling: w = min(π_prox / μ, cap) per token, 0 at masked tokens.
+
+    Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL training"
+    (the sampler/trainer mismatch; verl's and OpenRLHF's TIS), after the truncated IS of
+    Ionides 2008 and IMPALA's V-trace (Espeholt et al. 2018, arXiv:1802.01561). Truncation bounds
+    the variance a rare token with a tiny μ would add, at the cost of a small bias toward μ.
+    Computed in log space (min(log w, log cap)), so no ratio overflows.
+    """
+    log_w = torch.clamp(behaviour_log_ratio(old_logp, behaviour_logp, mask), max=math.log(cap))
+    return _keep(torch.exp(log_w), mask)
+
+
+@OFF_POLICY_CORRECTIONS.register("decoupled")
+@torch.no_grad()
+def decoupled_is_weight(old_logp: Tensor, behaviour_logp: Tensor, mask: Tensor, cap: float) -> Tensor:  # -> [B, T]
+    """The weight of the decoupled clipped objective: w = π_prox / μ where it is at most `cap`,
+    0 where it is above (the token leaves the update), 0 at masked tokens.
+
+    Decoupled PPO (Hilton, Cobbe & Schulman 2022, "Batch size-invariance for policy optimization",
+    arXiv:2110.00641) separates the behaviour policy from the proximal one the clip is taken
+    against; AReaL's asynchronous trainer (Fu et al. 2025, arXiv:2505.24298; ASearcher trains search
+    agents on it) takes π_prox = the policy at the start of the update and drops tokens over its
+    weight cap (`behav_imp_weight_cap`) rather than truncating them as `truncated_is_weight` does
+    (masked IS): a token the sampler found far less likely than π_prox does now is treated as
+    unreliable, not down-weighted. Dropped tokens stay in the loss's denominator, as in AReaL.
+    """
+    log_w = behaviour_log_ratio(old_logp, behaviour_logp, mask)
+    kept = mask.bool() & (log_w <= math.log(cap))
+    return _keep(torch.exp(torch.clamp(log_w, max=math.log(cap))), kept)
+
+
+def off_policy_weight(kind: str, old_logp: Tensor, behaviour_logp: Tensor, mask: Tensor, cap: float = 2.0) -> Tensor | None:
+    """The `OFF_POLICY_CORRECTIONS` weight `kind` ("none", "tis", "decoupled") -> [B, T] or None.
+
+    All inputs [B, T]; `old_logp` of the proximal policy, `behaviour_logp` of the sampler;
+    `cap` ≥ 1 bounds the weight (default 2, as Yao et al. 2025)."""
+    return OFF_POLICY_CORRECTIONS.get(kind)(old_logp, behaviour_logp, mask, cap)
 
 
 # --- supervised fine-tuning ---------------------------------------------------------------

@@ -7,6 +7,9 @@ hands it the actor's new weights (`sync_weights`).
   compute dtype, into which each update is gathered (a sharded forward would need every rank).
 - `vllm`: an engine of its own, colocated on the actor's device; weights are pushed into it after
   each update, and `sleep` / `wake` free its KV-cache memory while the actor trains (GPU).
+
+Every trajectory it returns carries the policy version of the weights that sampled it
+(`Trajectory.policy_version`): the actor's update count when the worker last received them.
 """
 
 from __future__ import annotations
@@ -16,16 +19,17 @@ from searchrl.agent import Agent, build_agent, load_backend
 from searchrl.data.trajectory import Trajectory
 from searchrl.data.types import Question
 from searchrl.protocol import Protocol
-from searchrl.toolformat.protocol import NativeProtocol
 from searchrl.retrieval.base import Retriever
 from searchrl.retrieval.querycache import CachedRetriever, RetrievalCounts
 from searchrl.retrieval.web.budget import COUNTERS
 from searchrl.rl.actor import Actor
+from searchrl.toolformat.protocol import NativeProtocol
 
 
 class RolloutWorker:
-    def __init__(self, agent: Agent, precision) -> None:
+    def __init__(self, agent: Agent, precision, version: int = 0) -> None:
         self.engine = agent.engine
+        self.version = version  # the policy version of the weights the backend holds
         self.cfg = agent.engine.cfg
         self.precision = precision  # context manager factory: the actor's mixed precision (hf)
         self._spent = agent.retriever.usage()
@@ -52,7 +56,7 @@ class RolloutWorker:
             backend.sync_weights(actor.model)  # a resumed or LoRA actor differs from cfg.model
         # Counted always: a retriever opened by `RetrievalConfig` already is, any other gets a counter.
         retriever = retriever if isinstance(retriever, CachedRetriever) else CachedRetriever(retriever)
-        return cls(build_agent(cfg, backend, retriever, protocol=protocol), actor.autocast)
+        return cls(build_agent(cfg, backend, retriever, protocol=protocol), actor.autocast, actor.version)
 
     @property
     def protocol(self) -> Protocol | NativeProtocol:
@@ -64,10 +68,14 @@ class RolloutWorker:
         return list(self.engine.tools)
 
     def collect(self, questions: list[Question], n: int, seed: int, progress: bool = False) -> list[Trajectory]:
-        """`n` rollouts per question, question-major, sampled with `seed`."""
+        """`n` rollouts per question, question-major, sampled with `seed`, each stamped with the
+        policy version of the worker's weights."""
         self.engine.cfg = self.cfg.model_copy(update={"seed": seed, "samples_per_question": n})
         with self.precision():
-            return self.engine.run(questions, n=n, progress=progress)
+            trajectories = self.engine.run(questions, n=n, progress=progress)
+        for t in trajectories:
+            t.policy_version = self.version
+        return trajectories
 
     def spent(self) -> dict[str, float]:
         """What the run's searches cost since the last call, as step metrics (`web_requests`,
@@ -87,6 +95,7 @@ class RolloutWorker:
 
     def sync_weights(self, actor: Actor) -> None:
         self.engine.backend.sync_weights(actor.model)
+        self.version = actor.version
 
     def sleep(self) -> None:
         self.engine.backend.sleep()

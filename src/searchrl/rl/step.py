@@ -14,7 +14,9 @@ its own, the update's statistics are global (`Actor`), and `record` sees every r
 Old log-probs come from one no-grad pass of the current weights (the sampler's log-probs come
 from another code path, possibly another engine; their gap is logged as `logprob_mismatch`) —
 or, when the batch makes exactly one optimizer step, from that step's own forward, which runs on
-the same weights (`prepare` then leaves them to the update).
+the same weights (`prepare` then leaves them to the update). The sampler's log-probs are the
+behaviour policy's: `algorithm.off_policy` corrects the loss for their gap, and the record's
+`is_ratio_*` and `staleness_*` say how far off-policy each step was.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from searchrl.rl.advantages import compute_advantages
 from searchrl.rl.batch import RolloutBatch, make_batch
 from searchrl.rl.config import StageConfig
 from searchrl.rl.health import echoes, flat_share
-from searchrl.rl.losses import kl_penalty, masked_sum
+from searchrl.rl.losses import behaviour_log_ratio, kl_penalty, masked_sum
 from searchrl.rl.rollout_worker import RolloutWorker
 from searchrl.tools.metrics import tool_metrics
 
@@ -94,6 +96,7 @@ def train_step(actor: Actor, worker: RolloutWorker, stage_cfg: StageConfig, ques
                at: StepIndex, progress: bool = False) -> tuple[dict, list[dict]]:
     """One rollout batch and its policy updates -> (metrics record, sample records)."""
     t0 = time.perf_counter()
+    version = actor.version  # of the policy this step's update starts from (the proximal one)
     trajectories = worker.collect(questions, stage_cfg.samples_per_prompt, at.seed, progress)
     worker.sleep()  # a colocated engine frees its memory for the update
     actor.dist.barrier()  # the rollout phase ends with the slowest rank's (its wait is not log-prob time)
@@ -108,14 +111,22 @@ def train_step(actor: Actor, worker: RolloutWorker, stage_cfg: StageConfig, ques
     t3 = time.perf_counter()
     # Left to the update, the old log-probs exist only if an update ran.
     have_old = not old_from_update or stats.updates > 0
-    parts = actor.dist.gather((scored, token_sums(batch), Timing(t1 - t0, t2 - t1, t3 - t2, t3 - t0), worker.searched()))
+    parts = actor.dist.gather((scored, token_sums(batch, actor.cfg.algorithm.is_cap), Timing(t1 - t0, t2 - t1, t3 - t2, t3 - t0), worker.searched()))
     everyone = Scored.concat([p[0] for p in parts])
     sums = torch.cat([p[1] for p in parts])
     timing = Timing(*np.max([astuple(p[2]) for p in parts], axis=0).tolist())  # the slowest rank's
     has_ref = batch.ref_logp is not None
     searched = retrieval_record([p[3] for p in parts])
     line = record(at, everyone, sums, stats, have_old, has_ref, timing, tools=worker.tools)
-    return {**line, **searched, **worker.spent()}, samples(at, everyone)
+    return {**line, **staleness_record(everyone.trajectories, version), **searched, **worker.spent()}, samples(at, everyone)
+
+
+def staleness_record(trajectories: Sequence[Trajectory], version: int) -> dict:
+    """How many policy versions each rollout is behind the policy its update starts from
+    (`version` − `Trajectory.policy_version`): mean and max over the step's rollouts. 0 and 0 in
+    sync mode, where every rollout is sampled by the weights it then trains."""
+    lags = [version - t.policy_version for t in trajectories]
+    return {mn.STALENESS_MEAN: _mean(lags) if lags else 0.0, mn.STALENESS_MAX: max(lags, default=0)}
 
 
 def retrieval_record(per_rank: list[RetrievalCounts]) -> dict:
@@ -161,21 +172,31 @@ def prepare(actor: Actor, scored: Scored) -> RolloutBatch:
     return batch
 
 
-# Per-rollout sums over policy tokens that the step's record needs, columns of `token_sums`.
-_SUMS = ("policy_tokens", "response_tokens", "kl", "entropy", "mismatch")
+# Per-rollout sums over policy tokens that the step's record needs, columns of `token_sums`
+# (is_ratio_max: the rollout's largest ratio, 0 without a policy token).
+_SUMS = ("policy_tokens", "response_tokens", "kl", "entropy", "mismatch", "is_ratio", "is_clipped", "is_ratio_max")
 
 
-def token_sums(batch: RolloutBatch) -> torch.Tensor:  # -> [B, len(_SUMS)] float64, CPU
+def token_sums(batch: RolloutBatch, is_cap: float) -> torch.Tensor:  # -> [B, len(_SUMS)] float64, CPU
     """What `record` reads from the batch tensors, summed per rollout, so that the means over
     every rank's tokens are sums of these (gathered) divided by the policy tokens. Columns whose
-    log-probs were never computed are 0 (`record` then writes None)."""
+    log-probs were never computed are 0 (`record` then writes None). The importance ratio
+    π_old / π_sampler is measured whatever `algorithm.off_policy` is; `is_clipped` counts tokens
+    whose ratio is over `is_cap` (truncated by tis, left out by decoupled)."""
     mask, zero = batch.mask, torch.zeros(len(batch))
     have_old = batch.old_logp is not None
     kl = masked_sum(kl_penalty(batch.old_logp, batch.ref_logp, "k3"), mask, -1) if have_old and batch.ref_logp is not None else zero
+    if have_old:  # in float64: a ratio far over the cap must not overflow to inf
+        log_ratio = behaviour_log_ratio(batch.old_logp.double(), batch.behaviour_logp.double(), mask)
+        ratio = torch.where(mask.bool(), torch.exp(log_ratio), 0.0)  # [B, T]
+        is_cols = [ratio.sum(-1), masked_sum((ratio > is_cap).double(), mask, -1), ratio.amax(-1)]
+    else:
+        is_cols = [zero, zero, zero]
     cols = [
         mask.sum(dim=-1), batch.response_lengths(), kl,
         masked_sum(batch.entropy, mask, -1) if have_old else zero,
-        masked_sum((batch.sample_logp - batch.old_logp).abs(), mask, -1) if have_old else zero,
+        masked_sum((batch.behaviour_logp - batch.old_logp).abs(), mask, -1) if have_old else zero,
+        *is_cols,
     ]
     return torch.stack([c.detach().double().cpu() for c in cols], dim=1)
 
@@ -215,6 +236,9 @@ def record(at: StepIndex, scored: Scored, sums: torch.Tensor, stats: UpdateStats
         mn.KL: per_token("kl") if have_old and has_ref else None,
         mn.ENTROPY: per_token("entropy") if have_old else None,
         mn.LOGPROB_MISMATCH: per_token("mismatch") if have_old else None,
+        mn.IS_RATIO_MEAN: per_token("is_ratio") if have_old else None,
+        mn.IS_RATIO_MAX: float(col["is_ratio_max"].max()) if have_old and tokens else None,
+        mn.IS_CLIP_FRAC: per_token("is_clipped") if have_old else None,
         **asdict(stats),
         mn.ROLLOUTS: len(trajs),
         mn.TOKENS_PER_S: tokens / max(timing.rollout_seconds, 1e-9),

@@ -134,6 +134,7 @@ def _train(cfg: TrainConfig, resume: Path | None, stages: list[int] | None, d: D
     actor = Actor.load(cfg, state_dir, lora_resume=bool(state and state.lora), dist=d)
     if state is not None:
         ckpt.set_rng_state(ckpt.load_rng(state_dir, state, d.rank))
+        actor.version = state.step  # one update per step: the policy version goes on where it was saved
     worker = RolloutWorker.create(actor, prepared.retriever, prepared.protocol)
     if d.main:  # tool calls: the SFT examples as chat messages, for other trainers
         sft = [p for s in plan[first:] if cfg.stage(s).kind == "sft" for p in prepared.questions[s]]
