@@ -156,6 +156,7 @@ def records(cfg: EvalConfig, questions: Sequence[Question], trajs: Sequence[Traj
             format_ok=verdict.ok,
             format_failed=list(verdict.failed),
             supporting_ids=list(q.supporting_ids),
+            type=q.type,
             n_policy_tokens=sum(t.loss_mask),
         )
         out.append(rec)
