@@ -109,7 +109,7 @@ def test_agent_run_numbers(world, tmp_path, tokenizer):
     recs = _lines(tmp_path / "agent" / "predictions.jsonl")
     assert [r["prediction"] for r in recs] == ["Tessaly", "Orrin Optics", "1901 AD"]
     assert [r["n_searches"] for r in recs] == [1, 2, 0]
-    assert recs[1]["queries"] == ["Vantrel X2", "Orrin Optics"]
+    assert recs[1]["queries"] == ["Vantrel X2", "Orrin Optics"] and recs[1]["search_blocks"] == [0, 1]
     assert recs[1]["retrieved_ids"][0][0] == "p3" and recs[1]["retrieved_ids"][1][0] == "p4"
     assert all(r["format_ok"] and r["format_failed"] == [] for r in recs)
     assert recs[0]["scores"] == {"em": 1.0, "f1": 1.0, "cem": 1.0, "cem_substr": 1.0}

@@ -158,10 +158,10 @@ class HopRow:
     f1: float
 
 
-def hop_row(type: str, question: str, queries: Sequence[str], seen: Sequence[str], supporting_ids: Sequence[str],
+def hop_row(qtype: str, question: str, queries: Sequence[str], seen: Sequence[str], supporting_ids: Sequence[str],
             retrieved_ids: Sequence[Sequence[str]], prediction: str | None, golds: Sequence[str]) -> HopRow:
     return HopRow(
-        type=type,
+        type=qtype,
         searches=len(queries),
         bridge=bridge_step(question, queries, seen),
         support=tuple(support_by_search(supporting_ids, retrieved_ids)) if supporting_ids else None,
@@ -178,21 +178,21 @@ def row_of_trajectory(traj: Trajectory, q: Question) -> HopRow:
 
 
 def row_of_record(rec: Mapping) -> HopRow:
-    """A predictions.jsonl record of `searchrl eval run` (older records have no `type`)."""
-    env = [s["text"] for s in rec.get("segments", []) if s["source"] == "env"]
-    queries = rec.get("queries", [])
-    seen = seen_by_query(env, rec.get("search_blocks", []), len(queries))
-    return hop_row(rec.get("type") or "", rec["question"], queries, seen, rec.get("supporting_ids", []),
-                   rec.get("retrieved_ids", []), rec["prediction"], rec["answers"])
+    """A predictions.jsonl record of `searchrl eval run` (records of older runs have no `type`
+    nor `search_blocks`)."""
+    env = [s["text"] for s in rec["segments"] if s["source"] == "env"]
+    seen = seen_by_query(env, rec.get("search_blocks", []), len(rec["queries"]))
+    return hop_row(rec.get("type") or "", rec["question"], rec["queries"], seen, rec["supporting_ids"], rec["retrieved_ids"],
+                   rec["prediction"], rec["answers"])
 
 
-def slot(type: str) -> str:
+def slot(qtype: str) -> str:
     """A question type as a metric slot: whitespace and slashes become `_`.
 
     >>> slot("bridge comparison/2")
     'bridge_comparison_2'
     """
-    return re.sub(r"[\s/]+", "_", type.strip())
+    return re.sub(r"[\s/]+", "_", qtype.strip())
 
 
 def multihop_metrics(rows: Sequence[HopRow]) -> dict[str, float | int | None]:
