@@ -285,7 +285,9 @@ def family_members() -> dict[str, Callable[[], list[str]]]:
 
     return {mn.REWARD_TERM.name: REWARD_TERMS.names, mn.STOP.name: lambda: list(STOP_REASONS),
             mn.FORMAT_FAILED.name: lambda: list(FORMAT_RULES), mn.TOOL_CALLS.name: TOOLS.names,
-            mn.TOOL_LATENCY.name: TOOLS.names, mn.WEB.name: lambda: list(COUNTERS), mn.HEALTH.name: lambda: list(MONITORS)}
+            mn.TOOL_LATENCY.name: TOOLS.names, mn.WEB.name: lambda: list(COUNTERS), mn.HEALTH.name: lambda: list(MONITORS),
+            # question types are the dataset's own: the kind's description names them
+            **{m.name: list for m in mn.SCHEMA.values() if m.kind == "multihop"}}
 
 
 METRICS_INTRO = (

@@ -24,6 +24,9 @@ KINDS = {
     "rollout": "What the policy did in its rollouts (means over the step's rollouts).",
     "format": "The format check of the rewards: who passes it and which rule fails.",
     "retrieval": "Searches the step made.",
+    "multihop": ("Multi-hop behaviour per question type ([evaluation guide](../guides/evaluation.md#multi-hop-behaviour)): `<type>` is each "
+                 "type among the step's questions (the toy world's bridge-2hop, bridge-3hop, comparison, bridge-comparison, "
+                 "inference; HotpotQA's bridge, comparison), `all` every rollout. Evaluation's metrics.json has the same keys."),
     "tools": "Tool calls (tag protocols count their one search tool too).",
     "web": "Web search spending (only with `retrieval.web`).",
     "health": "The health monitors' values after the step (`health.*` in the training config).",
@@ -128,6 +131,22 @@ FORMAT_FAILED = _family("format_failed_<rule>", "format", "Share of rollouts fai
 
 # --- retrieval
 RETRIEVAL_QUERIES = _metric("retrieval_queries", "retrieval", "Queries searched in the step, over every process.")
+
+# --- multihop (written by `searchrl.eval.multihop`)
+MULTIHOP_ROLLOUTS = _family("multihop/<type>/rollouts", "multihop", "Rollouts of the type's questions.")
+MULTIHOP_SEARCHES = _family("multihop/<type>/searches", "multihop", "Served searches per rollout of the type.")
+MULTIHOP_BRIDGE_RATE = _family("multihop/<type>/bridge_rate", "multihop",
+                               "Share of the type's rollouts with a bridge step: a later query names an entity that only an "
+                               "earlier search's passages gave (neither the question nor an earlier query).")
+MULTIHOP_SUPPORT_HOP1 = _family("multihop/<type>/support_hop1", "multihop",
+                                "Supporting passages first retrieved by the first search, per rollout "
+                                "(null: the type's questions name no supporting passages).")
+MULTIHOP_SUPPORT_HOP2 = _family("multihop/<type>/support_hop2", "multihop",
+                                "Supporting passages first retrieved by the second search, per rollout (null as above).")
+MULTIHOP_SUPPORT_HOP3 = _family("multihop/<type>/support_hop3", "multihop",
+                                "Supporting passages first retrieved by the third or a later search, per rollout (null as above).")
+MULTIHOP_EM = _family("multihop/<type>/em", "multihop", "Answer exact match of the type's rollouts (no answer scores 0).")
+MULTIHOP_F1 = _family("multihop/<type>/f1", "multihop", "Answer token F1 of the type's rollouts (no answer scores 0).")
 
 # --- tools (written by `searchrl.tools.metrics`)
 TOOL_CALLS = _family("tools/<name>/calls", "tools", "Calls of the tool per rollout, served or refused.")

@@ -155,7 +155,8 @@ def test_every_metric_a_training_step_writes_is_in_the_schema_and_every_entry_is
                 progress=False)
     gold = tmp_path / "gold.jsonl"
     gold.write_text("".join(json.dumps({"id": f"g{i}", "question": f"Which river flows through {t}?",
-                                        "answers": [f"R{i}"], "supporting_ids": [f"t{i}"]}) + "\n" for i, t in enumerate(towns)))
+                                        "answers": [f"R{i}"], "supporting_ids": [f"t{i}"], "type": "bridge" if i else ""}) + "\n"
+                            for i, t in enumerate(towns)))
     run = tmp_path / "run"
     trainer.train(load_config(TrainConfig, None, [
         "model=tiny-random", f"retrieval.index={tmp_path / 'index'}", f"out={run}", "protocol.tags=search-r1",
@@ -167,6 +168,8 @@ def test_every_metric_a_training_step_writes_is_in_the_schema_and_every_entry_is
     ]))
     rl, sft = read_metrics(run)
     assert mn.SFT_LOSS in sft and mn.SEARCH_RATE in rl and rl[mn.SEARCHES] == 1.0
+    # the step's one question is typed or not: `all` is there either way, `bridge` only for a bridge question
+    assert rl[mn.MULTIHOP_SEARCHES.key("all")] == 1.0 and rl[mn.MULTIHOP_ROLLOUTS.key("all")] == 2
     spent = rollout_worker.RolloutWorker.spent(SimpleNamespace(
         engine=SimpleNamespace(retriever=SimpleNamespace(usage=lambda: dict.fromkeys(COUNTERS, 1.0))),
         _spent=dict.fromkeys(COUNTERS, 0.0)))

@@ -19,6 +19,7 @@ from searchrl.cli import app
 from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.data.types import Passage, Question
 from searchrl.errors import RetrievalUnavailable, SearchRLError
+from searchrl.eval import multihop
 from searchrl.eval.answer_prompts import ANSWER_EXAMPLES, answer_protocol, documents_text
 from searchrl.eval.compare import compare_markdown
 from searchrl.eval.run import EvalConfig, answer_prompt, format_verdict, predict, run_eval
@@ -40,7 +41,7 @@ PASSAGES = [
 ]
 QUESTIONS = [
     Question("q1", "Which river flows through Quellbridge?", ("Tessaly",), ("p1",)),
-    Question("q2", "Who founded the maker of the Vantrel X2?", ("Dagny Halvorsen",), ("p3", "p4")),
+    Question("q2", "Who founded the maker of the Vantrel X2?", ("Dagny Halvorsen",), ("p3", "p4"), type="bridge"),
     Question("q3", "When did Harbel Observatory open?", ("1901",), ()),
 ]
 EOS = "<|im_end|>"
@@ -108,7 +109,7 @@ def test_agent_run_numbers(world, tmp_path, tokenizer):
     recs = _lines(tmp_path / "agent" / "predictions.jsonl")
     assert [r["prediction"] for r in recs] == ["Tessaly", "Orrin Optics", "1901 AD"]
     assert [r["n_searches"] for r in recs] == [1, 2, 0]
-    assert recs[1]["queries"] == ["Vantrel X2", "Orrin Optics"]
+    assert recs[1]["queries"] == ["Vantrel X2", "Orrin Optics"] and recs[1]["search_blocks"] == [0, 1]
     assert recs[1]["retrieved_ids"][0][0] == "p3" and recs[1]["retrieved_ids"][1][0] == "p4"
     assert all(r["format_ok"] and r["format_failed"] == [] for r in recs)
     assert recs[0]["scores"] == {"em": 1.0, "f1": 1.0, "cem": 1.0, "cem_substr": 1.0}
@@ -126,6 +127,19 @@ def test_agent_run_numbers(world, tmp_path, tokenizer):
     assert (metrics["retrieval_queries"], metrics["retrieval_cache_hits"], metrics["retrieval_cache_hit_rate"]) == (3, 0, 0.0)
     assert 0 < metrics["retrieval_s"] <= metrics["seconds"]
     assert "| queries searched (cache hit %), seconds in search | 3 (0.0), " in (tmp_path / "agent" / "metrics.md").read_text()
+    # q2's second query names Orrin Optics, which only its first search's passage gave: a bridge step.
+    # Supporting passages per search: q1 finds p1 with its one search; q2 p3, then p4 (q3 has none).
+    assert {k: v for k, v in metrics.items() if k.startswith("multihop/")} == pytest.approx({
+        "multihop/all/rollouts": 3, "multihop/all/searches": 1.0, "multihop/all/bridge_rate": 1 / 3,
+        "multihop/all/support_hop1": 1.0, "multihop/all/support_hop2": 0.5, "multihop/all/support_hop3": 0.0,
+        "multihop/all/em": 1 / 3, "multihop/all/f1": (1 + 0 + 2 / 3) / 3,
+        "multihop/bridge/rollouts": 1, "multihop/bridge/searches": 2.0, "multihop/bridge/bridge_rate": 1.0,
+        "multihop/bridge/support_hop1": 1.0, "multihop/bridge/support_hop2": 1.0, "multihop/bridge/support_hop3": 0.0,
+        "multihop/bridge/em": 0.0, "multihop/bridge/f1": 0.0,
+    })
+    md = (tmp_path / "agent" / "metrics.md").read_text()  # the table docs/guides/evaluation.md shows
+    assert "| all | 3 | 33.3 | 55.6 | 1.00 | 33.3 | 1.00 | 0.50 | 0.00 |" in md
+    assert "| bridge | 1 | 0.0 | 0.0 | 2.00 | 100.0 | 1.00 | 1.00 | 0.00 |" in md
 
 
 def test_format_rate_follows_the_think_rule_the_model_trained_with(world, tmp_path, tokenizer):
@@ -162,6 +176,9 @@ def test_rag_and_direct_numbers_and_fallback(world, tmp_path, tokenizer):
     assert all(r["n_searches"] == 0 and r["retrieved_ids"] == [] for r in recs)
     assert direct["em"] == pytest.approx(1 / 3)
     assert (direct["search_rate"], direct["retrieval_recall"]) == (0.0, None)
+    # rag's one retrieval with the question is no bridge step; direct finds no passage
+    assert (rag["multihop/bridge/bridge_rate"], rag["multihop/bridge/support_hop1"], rag["multihop/bridge/em"]) == (0.0, 2.0, 1.0)
+    assert (direct["multihop/all/searches"], direct["multihop/all/support_hop1"]) == (0.0, 0.0)
 
 
 def test_answer_prompts_show_their_own_worked_examples_whatever_the_template(tmp_path, tokenizer):
@@ -279,8 +296,11 @@ def _cli_run(world, out, method, *extra):
 
 METRIC_KEYS = {"n", "em", "f1", "cover_em", "cover_em_substring", "mean_searches", "mean_generated_tokens",
                "format_ok_rate", "search_rate", "retrieval_recall", "seconds", "model", "method", "dataset"}
-RECORD_KEYS = {"question_id", "question", "segments", "queries", "retrieved_ids", "n_searches", "answer",
-               "stop_reason", "answers", "prediction", "method", "scores", "format_ok", "format_failed", "supporting_ids"}
+RECORD_KEYS = {"question_id", "question", "segments", "queries", "retrieved_ids", "search_blocks", "n_searches", "answer",
+               "stop_reason", "answers", "prediction", "method", "scores", "format_ok", "format_failed", "supporting_ids",
+               "type"}
+# The multi-hop keys of these questions: every rollout (`all`) and q2's type; q1 and q3 have none.
+MULTIHOP_KEYS = {family.key(t) for family in multihop.STATS for t in ("all", "bridge")}
 
 
 @pytest.mark.parametrize("method", ["agent", "rag", "direct"])
@@ -309,6 +329,10 @@ def test_cli_tiny_random_writes_four_files(world, tmp_path, method):
     assert config["retrieval"]["index"] == (None if method == "direct" else str(world[0]))
     md = (out / "metrics.md").read_text()
     assert md.startswith("| metric | value |") and f"| method | {method} |" in md
+    # the multi-hop behaviour of every question and of q2's type, the only one these questions have
+    assert {k for k in metrics if k.startswith("multihop/")} == MULTIHOP_KEYS
+    assert metrics["multihop/bridge/rollouts"] == 1 and [r["type"] for r in recs] == ["", "bridge", ""]
+    assert "| type | n | EM % |" in md and "| bridge | 1 |" in md
 
 
 def test_cli_config_file_and_overrides(world, tmp_path):
@@ -352,7 +376,10 @@ def test_compare_two_runs(world, tmp_path, tokenizer):
     md = compare_markdown(folders)
     lines = md.strip().splitlines()
     assert lines[0].startswith("| run | model | method | dataset | n | EM % |")
-    assert len(lines) == 4
+    assert lines[4] == "" and len(lines) == 4 + 1 + 2 + 4  # then the per-type table: two types per run
+    assert lines[5].startswith("| run | type | n | EM % |")
+    assert lines[8:11:2] == ["| agent | bridge | 1 | 0.0 | 0.0 | 2.00 | 100.0 | 1.00 | 1.00 | 0.00 |",
+                             "| direct | bridge | 1 | 0.0 | 0.0 | 0.00 | 0.0 | 0.00 | 0.00 | 0.00 |"]
     assert lines[2].startswith("| agent | smollm2-135m | agent |") and "| 33.3 |" in lines[2]
     assert lines[3].startswith("| direct | smollm2-135m | direct |") and "n/a" in lines[3]  # no recall
     result = runner.invoke(app, ["eval", "compare", *map(str, folders), "--out", str(tmp_path / "cmp.md")],

@@ -88,6 +88,8 @@ def test_calls_run_batched_per_tool_and_results_follow_as_the_templates_tool_mes
     assert retriever.calls == [["Quellbridge river", "Tessaly flows", "Vantrel X2"], ["Orrin Optics"]]
     assert [(c["name"], c["ok"]) for c in t.tool_calls] == [("search", True), ("search", True), ("calculate", True)]
     assert t.queries == ["Quellbridge river", "Tessaly flows"] and t.n_searches == 2
+    assert t.search_blocks == [0, 0]  # one turn's searches: their results share the first env block
+    assert trajs["q-budget"].search_blocks == [0, 1]
     assert t.stop_reason == "answer" and t.answer == "Orrin Bay"
     env = [s.text for s in t.segments if s.source == "env"]
     assert env[0].count("<|im_start|>tool\n") == 2 and "(1)Title: Quellbridge" in env[0] and "Text: The Tessaly flows" in env[0]

@@ -40,6 +40,9 @@ class Trajectory:
     segments: list[Segment]  # response text in order, split by provenance
     queries: list[str] = field(default_factory=list)
     retrieved_ids: list[list[str]] = field(default_factory=list)  # per query, passage ids
+    # per query, which env segment (counted among the env segments) shows its results; a turn's
+    # searches share one under tool calls (rollout.engine); empty in records of older runs
+    search_blocks: list[int] = field(default_factory=list)
     n_searches: int = 0
     answer: str | None = None
     stop_reason: str = "eos"

@@ -1,7 +1,9 @@
 """`searchrl eval compare DIR [DIR ...]`: the metrics.json of several runs side by side.
 
 Rows are runs (named by their folder, model, method and dataset), columns are metrics; fractions
-are shown in percent. Runs written before a metric existed show `n/a` in its column.
+are shown in percent. Runs written before a metric existed show `n/a` in its column. A second
+table holds the multi-hop behaviour per question type (`searchrl.eval.multihop`): one row per run
+and type, for the runs that measured it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from rich.console import Console
 
 from searchrl.data.textio import read_json
 from searchrl.errors import DataError, SearchRLError
+from searchrl.eval.multihop import HEADER, right_aligned, type_rows
 from searchrl.eval.summary import fmt_number, fmt_percent
 from searchrl.tables import Column, markdown_table, print_table, short_path
 
@@ -66,6 +69,10 @@ def column_labels(keys: Sequence[str]) -> list[str]:
     return [labels[key] for key in keys]
 
 
+def _run_name(folder: str | Path) -> str:
+    return Path(folder).name if Path(folder).is_dir() else Path(folder).parent.name
+
+
 def compare_rows(folders: Sequence[str | Path]) -> tuple[list[str], list[list[str]]]:
     """(header, rows) of the comparison, one row per run folder, in the order given; a model or
     dataset given as a path is named by its run (`searchrl.tables.short_path`)."""
@@ -73,29 +80,46 @@ def compare_rows(folders: Sequence[str | Path]) -> tuple[list[str], list[list[st
     rows = []
     for folder in folders:
         m = read_metrics(folder)
-        name = Path(folder).name if Path(folder).is_dir() else Path(folder).parent.name
         rows.append(
-            [name] + [short_path(str(m.get(key) or "-")) for key in RUN_COLUMNS[1:]]
+            [_run_name(folder)] + [short_path(str(m.get(key) or "-")) for key in RUN_COLUMNS[1:]]
             + metric_cells(m, [key for key, _, _ in COLUMNS])
         )
     return header, rows
 
 
+def by_type_rows(folders: Sequence[str | Path]) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of the per-type table: a row per run and question type, `all` first; no
+    rows when no run measured it."""
+    rows = []
+    for folder in folders:
+        rows += [[_run_name(folder), *row] for row in type_rows(read_metrics(folder))]
+    return ["run", *HEADER], rows
+
+
 def compare_markdown(folders: Sequence[str | Path]) -> str:
-    """The comparison as a Markdown table."""
+    """The comparison as a Markdown table, then the per-type table (when a run has one)."""
     header, rows = compare_rows(folders)
-    return markdown_table(header, rows, [i >= len(RUN_COLUMNS) for i in range(len(header))])
+    markdown = markdown_table(header, rows, [i >= len(RUN_COLUMNS) for i in range(len(header))])
+    header, rows = by_type_rows(folders)
+    return markdown + ("\n" + markdown_table(header, rows, right_aligned(header)) if rows else "")
 
 
 def compare_command(folders: Sequence[str], out: str | None = None, console: Console | None = None) -> str:
     """`searchrl eval compare`: a table on screen (Markdown when piped; on a narrow terminal the
-    columns that fit, the rest named as being in `out`); the Markdown table into `out` if given."""
+    columns that fit, the rest named as being in `out`), then the per-type table; the Markdown tables into
+    `out` if given."""
     if not folders:
         raise SearchRLError("give at least one run folder")
     header, rows = compare_rows(folders)
     # On a narrow terminal the run names and the scores stay; model, method and dataset go first.
     columns = [Column(col, right=i >= len(RUN_COLUMNS), drop_first=0 < i < len(RUN_COLUMNS)) for i, col in enumerate(header)]
-    print_table(console or Console(), columns, rows, title="evaluation runs", keep=1, elsewhere=out)
+    console = console or Console()
+    print_table(console, columns, rows, title="evaluation runs", keep=1, elsewhere=out)
+    header, rows = by_type_rows(folders)
+    if rows:
+        console.print()
+        print_table(console, [Column(col, right=r) for col, r in zip(header, right_aligned(header))], rows,
+                    title="by question type", keep=2, elsewhere=out)
     markdown = compare_markdown(folders)
     if out is not None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)

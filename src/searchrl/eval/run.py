@@ -54,6 +54,7 @@ from searchrl.eval.answer_prompts import (
     closed_response,
 )
 from searchrl.eval.config import EvalConfig
+from searchrl.eval.multihop import HEADER, right_aligned, type_rows
 from searchrl.eval.spending import Spending, judge_records
 from searchrl.eval.summary import METRICS_HEADER, metrics_markdown, metrics_rows, summarize
 from searchrl.profiles import announce
@@ -157,6 +158,7 @@ def records(cfg: EvalConfig, questions: Sequence[Question], trajs: Sequence[Traj
             format_ok=verdict.ok,
             format_failed=list(verdict.failed),
             supporting_ids=list(q.supporting_ids),
+            type=q.type,
             n_policy_tokens=sum(t.loss_mask),
         )
         out.append(rec)
@@ -284,6 +286,9 @@ def eval_command(config: str | None, overrides: Sequence[str], flags: dict, as_j
     console = Console()
     columns = [Column(METRICS_HEADER[0], wrap=True), Column(METRICS_HEADER[1], right=True, wrap=True)]
     print_table(console, columns, metrics_rows(metrics), keep=2)  # a value without its label says nothing
+    if by_type := type_rows(metrics):  # multi-hop behaviour per question type (eval/multihop.py)
+        console.print()
+        print_table(console, [Column(h, right=r) for h, r in zip(HEADER, right_aligned(HEADER))], by_type)
     record = f", {RECORD_DIR}/" if (Path(cfg.out) / RECORD_DIR).is_dir() else ""
     console.print(f"wrote predictions.jsonl, metrics.json, metrics.md, config.yaml{record} to {cfg.out}", highlight=False, markup=False)
     return metrics

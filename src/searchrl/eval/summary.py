@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from searchrl.eval.multihop import HEADER, multihop_metrics, right_aligned, row_of_record, type_rows
 from searchrl.eval.spending import cache_hit_rate, spending_rows
 from searchrl.tables import markdown_table
 from searchrl.tools.metrics import tool_metrics
@@ -33,7 +34,8 @@ def summarize(cfg: EvalConfig, recs: Sequence[dict], spent: dict) -> dict:
     search and format rates, policy tokens per question, retrieval recall, provenance, and what
     was `spent` over the runs of a resumed evaluation: `seconds` (wall time of retrieval +
     generation; loading the model, data and index excluded), judge and web search counters,
-    retrieval queries, cache hits and seconds in search (`retrieval_cache_hit_rate` from them)."""
+    retrieval queries, cache hits and seconds in search (`retrieval_cache_hit_rate` from them);
+    then the multi-hop behaviour per question type (`searchrl.eval.multihop`)."""
     from searchrl.eval.score import score_records
 
     scores = score_records(recs)
@@ -70,6 +72,7 @@ def summarize(cfg: EvalConfig, recs: Sequence[dict], spent: dict) -> dict:
         "tools": list(cfg.tools) if cfg.method == "agent" else [],
         "tags": cfg.protocol.tags,
         "template": cfg.protocol.template,
+        **multihop_metrics([row_of_record(r) for r in recs]),
     }
 
 
@@ -118,8 +121,18 @@ def metrics_rows(metrics: dict) -> list[tuple[str, str]]:
 
 
 def metrics_markdown(metrics: dict) -> str:
-    """metrics.md: one run's metrics as a two-column Markdown table."""
-    return markdown_table(METRICS_HEADER, metrics_rows(metrics), (False, True))
+    """metrics.md: one run's metrics as a two-column Markdown table, then the per-type table."""
+    return markdown_table(METRICS_HEADER, metrics_rows(metrics), (False, True)) + by_type_markdown(metrics)
+
+
+def by_type_markdown(metrics: dict) -> str:
+    """The multi-hop behaviour per question type as a Markdown table after a blank line; "" for
+    runs written before it was measured."""
+    rows = type_rows(metrics)
+    if not rows:
+        return ""
+    caption = "By question type (`all`: every question; supp. hop k: supporting passages first found by search k):"
+    return f"\n{caption}\n\n" + markdown_table(HEADER, rows, right_aligned(HEADER))
 
 
 def fmt_percent(value) -> str:

@@ -31,6 +31,7 @@ import torch
 from searchrl import metric_names as mn
 from searchrl.data.trajectory import STOP_REASONS, Trajectory
 from searchrl.data.types import Question
+from searchrl.eval.multihop import multihop_metrics, row_of_trajectory
 from searchrl.format_rules import FORMAT_RULES
 from searchrl.metrics import ANSWER_METRICS
 from searchrl.retrieval.querycache import RetrievalCounts
@@ -244,6 +245,7 @@ def record(at: StepIndex, scored: Scored, sums: torch.Tensor, stats: UpdateStats
         mn.TOKENS_PER_S: tokens / max(timing.rollout_seconds, 1e-9),
         **asdict(timing),
         **tool_metrics([t.tool_calls for t in trajs], [t.timing for t in trajs], tools),
+        **multihop_metrics([row_of_trajectory(t, q) for t, q in zip(trajs, scored.questions)]),  # per question type
     }
     for name in dict.fromkeys(n for r in rewards for n in r.terms):  # the stage's terms, weighted
         out[mn.REWARD_TERM.key(name)] = _mean(r.terms[name] for r in rewards)

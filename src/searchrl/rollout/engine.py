@@ -89,6 +89,7 @@ class _Rollout:
     env_texts: list[str] = field(default_factory=list)
     queries: list[str] = field(default_factory=list)
     retrieved_ids: list[list[str]] = field(default_factory=list)
+    search_blocks: list[int] = field(default_factory=list)  # per query, the env block its results go into
     stop_reason: str | None = None
     truncated_documents: int = 0  # observation blocks cut to fit the context
     tool_calls: list[dict] = field(default_factory=list)
@@ -113,6 +114,7 @@ class _Rollout:
             if call is not None and call.name == "search" and obs.ok:
                 self.queries.append(call.arguments["query"])
                 self.retrieved_ids.append([p.id for p in obs.passages])
+                self.search_blocks.append(len(self.env_texts))  # the round's observation is appended next
 
     def add(self, source: str, ids: Sequence[int], logprobs: Sequence[float] | None = None) -> None:
         if not ids:
@@ -469,6 +471,7 @@ class RolloutEngine:
             segments=segments,
             queries=r.queries,
             retrieved_ids=r.retrieved_ids,
+            search_blocks=r.search_blocks,
             n_searches=len(r.queries),
             answer=self.protocol.answer(segments),
             stop_reason=r.stop_reason or "length",
