@@ -113,6 +113,9 @@ LR = _metric("lr", "learning", "Learning rate of the step's last update.")
 
 # --- rollout
 ROLLOUTS = _metric("rollouts", "rollout", "Rollouts in the step, over every process.")
+DROPPED_GROUPS = _metric("dropped_groups", "rollout",
+                         "Async mode only: question groups dropped on arrival as older than rollout.max_staleness (and generated again); "
+                         "admission control keeps this 0.")
 SEARCH_RATE = _metric("search_rate", "rollout", "Share of rollouts that searched at least once.")
 SEARCHES = _metric("searches", "rollout", "Searches per rollout.")
 TRUNCATED_DOCUMENTS = _metric("truncated_documents", "rollout", "Retrieved-document blocks cut to fit the context, per rollout.")
@@ -168,6 +171,10 @@ ROLLOUT_SECONDS = _metric("rollout_seconds", "timing", "Wall seconds generating 
 LOGPROB_SECONDS = _metric("logprob_seconds", "timing", "Wall seconds scoring rollouts and computing reference and old log-probs.")
 UPDATE_SECONDS = _metric("update_seconds", "timing", "Wall seconds of the policy updates and the weight sync to the generator.")
 BUILD_SECONDS = _metric("build_seconds", "timing", "SFT stages only: wall seconds writing the gold trajectories.")
+BUFFER_DEPTH = _metric("buffer_depth", "timing",
+                       "Async mode only: batches generated ahead and waiting in the buffer when the step took its own.")
+TRAINER_IDLE_SHARE = _metric("trainer_idle_share", "timing",
+                             "Async mode only: share of the step the trainer waited for its batch (0: generation kept ahead of training).")
 TOKENS_PER_S = _metric("tokens_per_s", "timing", "Policy tokens generated per second of the rollout phase.")
 RETRIEVAL_S = _metric("retrieval_s", "timing", "Wall seconds in search (the slowest process's; cache lookups included).")
 RETRIEVAL_CACHE_HIT_RATE = _metric("retrieval_cache_hit_rate", "timing",

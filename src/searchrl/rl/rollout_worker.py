@@ -67,6 +67,14 @@ class RolloutWorker:
         """The names of the tools the rollouts may call."""
         return list(self.engine.tools)
 
+    def begin(self, plan) -> None:
+        """Nothing to plan: this worker generates each batch when it is collected (the
+        asynchronous one, `rl.async_rollouts`, starts the plan's batches ahead)."""
+
+    def pipeline(self, step_seconds: float) -> dict:
+        """No pipeline metrics: generation and training take turns."""
+        return {}
+
     def collect(self, questions: list[Question], n: int, seed: int, progress: bool = False) -> list[Trajectory]:
         """`n` rollouts per question, question-major, sampled with `seed`, each stamped with the
         policy version of the worker's weights."""

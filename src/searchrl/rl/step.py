@@ -119,7 +119,8 @@ def train_step(actor: Actor, worker: RolloutWorker, stage_cfg: StageConfig, ques
     has_ref = batch.ref_logp is not None
     searched = retrieval_record([p[3] for p in parts])
     line = record(at, everyone, sums, stats, have_old, has_ref, timing, tools=worker.tools)
-    return {**line, **staleness_record(everyone.trajectories, version), **searched, **worker.spent()}, samples(at, everyone)
+    return ({**line, **staleness_record(everyone.trajectories, version), **searched, **worker.spent(), **worker.pipeline(timing.step_seconds)},
+            samples(at, everyone))
 
 
 def staleness_record(trajectories: Sequence[Trajectory], version: int) -> dict:

@@ -28,10 +28,11 @@ from searchrl.profiles import announce
 from searchrl.rl import checkpoint as ckpt
 from searchrl.rl import rollback, rundir
 from searchrl.rl.actor import Actor
+from searchrl.rl.async_rollouts import AsyncRollouts, Order
 from searchrl.rl.config import TrainConfig
 from searchrl.rl.distributed import Dist, close_distributed, init_distributed
 from searchrl.rl.health import HealthStop, HealthWatch, report
-from searchrl.rl.preflight import preflight
+from searchrl.rl.preflight import Prepared, preflight
 from searchrl.rl.rollout_worker import RolloutWorker
 from searchrl.rl.sampler import PromptSampler
 from searchrl.rl.sft import sft_step, write_messages
@@ -66,6 +67,8 @@ def _stage_plan(cfg: TrainConfig, stages: list[int] | None) -> list[int]:
 def _check_world(cfg: TrainConfig, plan: list[int], d: Dist, state: ckpt.TrainerState | None, run_dir: Path) -> None:
     """Every rank rolls out at least one whole question group; a sharded run resumes on as many
     ranks and from stage ends that hold a whole-model export. Refused up front otherwise."""
+    if cfg.rollout.mode == "async" and d.world > 1:
+        raise SearchRLError("rollout.mode=async trains in one process for now; launch without torchrun, or set rollout.mode=sync")
     for s in plan:
         if cfg.stage(s).prompts_per_step < d.world:
             raise SearchRLError(f"stage{s}.prompts_per_step={cfg.stage(s).prompts_per_step} is fewer than the {d.world} processes; "
@@ -135,9 +138,9 @@ def _train(cfg: TrainConfig, resume: Path | None, stages: list[int] | None, d: D
     if state is not None:
         ckpt.set_rng_state(ckpt.load_rng(state_dir, state, d.rank))
         actor.version = state.step  # one update per step: the policy version goes on where it was saved
-    worker = RolloutWorker.create(actor, prepared.retriever, prepared.protocol)
-    if d.main:  # tool calls: the SFT examples as chat messages, for other trainers
-        sft = [p for s in plan[first:] if cfg.stage(s).kind == "sft" for p in prepared.questions[s]]
+    worker = _rollout_source(cfg, actor, prepared)
+    sft = [p for s in plan[first:] if cfg.stage(s).kind == "sft" for p in prepared.questions[s]]
+    if d.main and sft:  # tool calls: the SFT examples as chat messages, for other trainers
         write_messages(run_dir, worker.engine, sft)
     logger = RunLogger(run_dir, cfg.logging.report_to, purge_step=state.step + 1 if state else None,
                        echo=cfg.logging.progress, config=cfg.model_dump(mode="json")) if d.main else None
@@ -152,10 +155,10 @@ def _train(cfg: TrainConfig, resume: Path | None, stages: list[int] | None, d: D
             prev = plan[plan.index(stage) - 1] if plan.index(stage) > 0 else None
             actor.start_stage(run_dir / "checkpoints" / stage_ends[prev] if prev is not None else None,
                               (state_dir, state) if resuming else None)
-            for k in range(start_step, stage_cfg.steps):
-                step = offsets[stage] + k + 1
-                at = StepIndex(stage, step, k, step_seed(cfg.seed, stage, step, d.rank, rollbacks))
-                questions = d.rank_slice(sampler.take(stage_cfg.prompts_per_step))
+            steps = _plan_steps(cfg, stage, offsets[stage], start_step, sampler, d, rollbacks, actor.version)
+            worker.begin([order for *_, order in steps])  # async: the worker starts what admission allows
+            for at, questions, position, _ in steps:
+                step, k = at.step, at.stage_step
                 step_fn = sft_step if stage_cfg.kind == "sft" else train_step  # sft: questions are gold paths
                 record, samples = step_fn(actor, worker, stage_cfg, questions, at, cfg.logging.progress and d.main)
                 metrics_lines += 1
@@ -181,7 +184,7 @@ def _train(cfg: TrainConfig, resume: Path | None, stages: list[int] | None, d: D
                     if last:
                         stage_ends[stage] = ckpt.checkpoint_name(step)
                     actor.save(run_dir, step, ckpt.TrainerState(
-                        plan=plan, stage=stage, stage_step=k + 1, step=step, data_position=sampler.position,
+                        plan=plan, stage=stage, stage_step=k + 1, step=step, data_position=position,
                         metrics_lines=metrics_lines, stage_ends=stage_ends, lora=cfg.algorithm.lora.enabled, world_size=d.world,
                     ), export=last)
                     if d.main:
@@ -201,6 +204,29 @@ def _train(cfg: TrainConfig, resume: Path | None, stages: list[int] | None, d: D
         if logger is not None:
             logger.close()
     return run_dir
+
+
+def _rollout_source(cfg: TrainConfig, actor: Actor, prepared: Prepared) -> RolloutWorker | AsyncRollouts:
+    """Where the steps' rollouts come from: the worker in this process (sync), or a rollout
+    worker process that generates ahead (async), starting from the actor's current weights."""
+    if cfg.rollout.mode == "async":
+        return AsyncRollouts(cfg, actor.model, actor.version, prepared.protocol)
+    return RolloutWorker.create(actor, prepared.retriever, prepared.protocol)
+
+
+def _plan_steps(cfg: TrainConfig, stage: int, offset: int, start_step: int, sampler: PromptSampler, d: Dist,
+                rollbacks: int, version: int) -> list[tuple[StepIndex, list, int, Order]]:
+    """The stage's steps from `start_step` on: (index, questions, the sampler's position after
+    them, the rollout order). Step i's update starts from policy `version` + i, so its batch is
+    generated by max(that − max_staleness, `version`) (sync: the source ignores the version)."""
+    stage_cfg, out = cfg.stage(stage), []
+    for i, k in enumerate(range(start_step, stage_cfg.steps)):
+        step = offset + k + 1
+        at = StepIndex(stage, step, k, step_seed(cfg.seed, stage, step, d.rank, rollbacks))
+        questions = d.rank_slice(sampler.take(stage_cfg.prompts_per_step))
+        by = max(version + i - cfg.rollout.max_staleness, version)
+        out.append((at, questions, sampler.position, Order(step, questions, stage_cfg.samples_per_prompt, at.seed, by)))
+    return out
 
 
 def _write_samples(run_dir: Path, step: int, samples: list[dict], cfg: TrainConfig, logger: RunLogger) -> None:

@@ -1,9 +1,12 @@
 """A policy's weights as (checkpoint name, tensor) pairs: what a rollout engine of its own loads
-after every update (`GenerationBackend.sync_weights`)."""
+after every update (`GenerationBackend.sync_weights`), or, for a rollout worker in another
+process, reads from a versioned file the trainer publishes (`publish`, `load_published`)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
@@ -40,3 +43,32 @@ def named_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
                 continue
             w = p.detach()
             yield name.replace(".base_layer.", "."), (w + deltas[name].to(w.dtype)) if name in deltas else w
+
+
+# -- published versions: how a trainer hands weights to a rollout worker in another process -------
+
+
+def published_path(folder: Path, version: int) -> Path:
+    return folder / f"weights-{version:06d}.safetensors"
+
+
+def publish(model: torch.nn.Module, folder: Path, version: int) -> Path:
+    """Write `model`'s weights (`named_weights`, on CPU) as policy `version` into `folder`: to a
+    temporary name, then renamed, so a reader never sees half a file."""
+    from safetensors.torch import save_file
+
+    path = published_path(folder, version)
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file({name: w.detach().to("cpu").contiguous() for name, w in named_weights(model)}, str(tmp))
+    os.replace(tmp, path)
+    return path
+
+
+def load_published(model: torch.nn.Module, folder: Path, version: int) -> None:
+    """Copy policy `version`, as `publish` wrote it, into `model` (same architecture), by name."""
+    from safetensors.torch import load_file
+
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, w in load_file(str(published_path(folder, version))).items():
+            params[name].copy_(w)
