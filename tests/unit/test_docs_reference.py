@@ -173,7 +173,11 @@ def test_every_metric_a_training_step_writes_is_in_the_schema_and_every_entry_is
     spent = rollout_worker.RolloutWorker.spent(SimpleNamespace(
         engine=SimpleNamespace(retriever=SimpleNamespace(usage=lambda: dict.fromkeys(COUNTERS, 1.0))),
         _spent=dict.fromkeys(COUNTERS, 0.0)))
-    written = set(rl) | set(sft) | set(spent)
+    from searchrl.rl.async_rollouts import AsyncRollouts
+
+    # async mode's pipeline metrics, as its rollout source writes them (tests/unit/test_async.py runs one)
+    pipeline = AsyncRollouts.pipeline(SimpleNamespace(_ready={}, _dropped=0, _waited=0.5), 1.0)
+    written = set(rl) | set(sft) | set(spent) | set(pipeline)
     assert not {k for k in written if mn.describe(k) is None}, "keys the metric schema does not describe"
     entries = {mn.describe(k).name for k in written}
     assert set(mn.SCHEMA) - entries == set(), "schema entries that nothing writes"
