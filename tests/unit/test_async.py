@@ -54,6 +54,15 @@ def test_async_with_staleness_0_equals_sync(world, tmp_path, varied_rewards):
     assert mn.BUFFER_DEPTH not in read_metrics(sync)[0]  # sync runs keep their records
 
 
+def test_async_mode_refuses_what_it_cannot_run_yet():
+    with pytest.raises(ValueError, match="rollout.backend=vllm is not supported there yet"):
+        TrainConfig(rollout={"mode": "async", "backend": "vllm"})
+    with pytest.raises(ValueError, match="stage2 is an sft stage"):
+        TrainConfig(rollout={"mode": "async"}, stage2={"kind": "sft", "samples_per_prompt": 1})
+    with pytest.raises(ValueError, match="max_staleness"):
+        TrainConfig(rollout={"mode": "async", "max_staleness": -1})
+
+
 def _kill_worker_after(monkeypatch, version: int) -> None:
     """SIGKILL the rollout worker process right after policy `version` is published."""
     publish = AsyncRollouts.sync_weights

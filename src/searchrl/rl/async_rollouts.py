@@ -90,7 +90,11 @@ class AsyncRollouts:
         self._ready: dict[int, _Batch] = {}  # received, not yet collected
         self._last: _Batch | None = None
         self._dropped, self._waited = 0, 0.0
-        self.tools = self._receive("to start").tools
+        try:
+            self.tools = self._receive("to start").tools
+        except BaseException:
+            self.close()
+            raise
 
     def begin(self, plan: list[Order]) -> None:
         """The stage's orders, in step order; those already admissible go to the worker now."""

@@ -1,11 +1,12 @@
 """One training step, in the paper's order: `collect → score → prepare → update → record`.
 
 1. **collect**: the rollout worker generates `samples_per_prompt` trajectories per question with
-   the current weights, searching as it goes;
+   the current weights, searching as it goes (async mode: the batch a rollout worker process
+   generated ahead, `rl.async_rollouts`, by weights at most `max_staleness` versions old);
 2. **score**: each trajectory gets the stage's outcome reward; its group is its question;
 3. **prepare**: trajectories become padded tensors with the loss mask on policy tokens;
    reference log-probs (kl_coef > 0), old log-probs, and advantages with the group baseline;
-4. **update**: the actor's clipped updates; then the worker receives the new weights;
+4. **update**: the actor's clipped updates; then the worker receives (async: is published) the new weights;
 5. **record**: the metrics line and the sampled trajectories.
 
 With several processes (torchrun) each rank collects, scores and prepares whole question groups of
@@ -38,6 +39,7 @@ from searchrl.retrieval.querycache import RetrievalCounts
 from searchrl.rewards import RewardBreakdown, compute_reward
 from searchrl.rl.actor import Actor, UpdateStats
 from searchrl.rl.advantages import compute_advantages
+from searchrl.rl.async_rollouts import AsyncRollouts
 from searchrl.rl.batch import RolloutBatch, make_batch
 from searchrl.rl.config import StageConfig
 from searchrl.rl.health import echoes, flat_share
@@ -93,7 +95,7 @@ class Timing:
     step_seconds: float
 
 
-def train_step(actor: Actor, worker: RolloutWorker, stage_cfg: StageConfig, questions: list[Question],
+def train_step(actor: Actor, worker: RolloutWorker | AsyncRollouts, stage_cfg: StageConfig, questions: list[Question],
                at: StepIndex, progress: bool = False) -> tuple[dict, list[dict]]:
     """One rollout batch and its policy updates -> (metrics record, sample records)."""
     t0 = time.perf_counter()
