@@ -343,6 +343,8 @@ def load_model(name: str = DEFAULT_MODEL, device: str = "cpu", dtype=None):
     source = resolve_model(name)  # before the transformers import: a bad name fails in a second
     from transformers import AutoModelForCausalLM
 
+    from searchrl.cpu_attention import use_gqa_attention
+
     tokenizer = _tokenizer_from(source, name)
     torch_dtype = _resolve_dtype(dtype, device)
     try:
@@ -353,7 +355,9 @@ def load_model(name: str = DEFAULT_MODEL, device: str = "cpu", dtype=None):
         raise SearchRLError(f"cannot load model {name!r} ({exc}). {_model_hint()}") from None
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
-    return model.to(device).eval(), tokenizer
+    model = model.to(device).eval()
+    use_gqa_attention(model)  # CPU: key/value heads shared, not copied per query head (cpu_attention.py)
+    return model, tokenizer
 
 
 def prepare_model(name: str = DEFAULT_MODEL) -> tuple[Path | str, int]:

@@ -14,6 +14,10 @@ Every trajectory it returns carries the policy version of the weights that sampl
 
 from __future__ import annotations
 
+import contextlib
+
+import torch
+
 from searchrl import metric_names as mn
 from searchrl.agent import Agent, build_agent, load_backend
 from searchrl.data.trajectory import Trajectory
@@ -56,7 +60,11 @@ class RolloutWorker:
             backend.sync_weights(actor.model)  # a resumed or LoRA actor differs from cfg.model
         # Counted always: a retriever opened by `RetrievalConfig` already is, any other gets a counter.
         retriever = retriever if isinstance(retriever, CachedRetriever) else CachedRetriever(retriever)
-        return cls(build_agent(cfg, backend, retriever, protocol=protocol), actor.autocast, actor.version)
+        # On CPU the hf backend decodes in float32 whatever the training dtype: bf16 autocast there
+        # slowed decoding ~2x (small batches, every matmul cast; docs/results.md, "Tool calls").
+        cpu_hf = cfg.rollout.backend == "hf" and torch.device(cfg.device).type == "cpu"
+        precision = contextlib.nullcontext if cpu_hf else actor.autocast
+        return cls(build_agent(cfg, backend, retriever, protocol=protocol), precision, actor.version)
 
     @property
     def protocol(self) -> Protocol | NativeProtocol:
