@@ -4,12 +4,15 @@ an impossible budget fails in seconds with its name, not after Stage 1 has train
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from searchrl.agent import build_protocol
 from searchrl.data.types import Question
-from searchrl.errors import SearchRLError
+from searchrl.errors import DataWarning, SearchRLError
 from searchrl.protocol import Protocol
 from searchrl.retrieval.base import Retriever
 from searchrl.rl.config import TrainConfig
@@ -56,6 +59,7 @@ def preflight(cfg: TrainConfig, stages: list[int], model: str) -> Prepared:
     questions become their gold search paths (those that have one)."""
     from searchrl.assets import load_tokenizer
 
+    warn_slow_dtype(cfg)
     questions = {s: stage_questions(cfg.stage(s), f"stage{s}") for s in stages}
     tokenizer = load_tokenizer(model)
     protocol = build_protocol(cfg, tokenizer)  # tool calls: the chat template's self-test runs here
@@ -79,3 +83,16 @@ def preflight(cfg: TrainConfig, stages: list[int], model: str) -> Prepared:
         if cfg.stage(s).kind == "sft":
             questions[s] = gold_examples(questions[s], retriever, cfg.rollout, f"stage{s}")
     return Prepared(questions, retriever, protocol)
+
+
+def warn_slow_dtype(cfg: TrainConfig) -> None:
+    """bfloat16 on a CPU without bf16 instructions is emulated, several times slower than float32:
+    say so before the run spends hours on it."""
+    on_cpu = torch.device(cfg.device).type == "cpu"
+    if on_cpu and cfg.dtype == "bfloat16" and not cpu_has_bf16():
+        warnings.warn("dtype=bfloat16 on a CPU without bfloat16 instructions (AVX512-BF16 or AMX) runs emulated and "
+                      "slower than float32; set dtype=float32 on this machine", DataWarning, stacklevel=2)
+
+
+def cpu_has_bf16() -> bool:
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
