@@ -702,3 +702,12 @@ def test_ctrl_c_says_how_to_resume_and_resuming_finishes_the_run(world, tmp_path
     result = runner.invoke(app, ["eval", "run", "--resume", str(out), "--json"])
     assert result.exit_code == 0, (result.output, result.exception)
     assert [r["id"] for r in _lines(out / "predictions.jsonl")] == ["q1", "q2", "q3"]
+
+
+def test_protocol_label_names_native_tool_calls():
+    from searchrl.eval.summary import protocol_label
+
+    tags = {"format": "tags", "tags": "search-r1", "template": "oneshot", "tools": ["search"]}
+    assert protocol_label(tags) == "search-r1 / oneshot"
+    native = {"format": "tool-calls", "tags": "r1searcher", "template": "tools-fewshot", "tools": ["search", "open"]}
+    assert protocol_label(native) == "tool calls (search, open) / tools-fewshot"

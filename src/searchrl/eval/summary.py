@@ -88,6 +88,13 @@ def web_provenance(cfg: EvalConfig) -> str:
 METRICS_HEADER = ("metric", "value")
 
 
+def protocol_label(metrics: dict) -> str:
+    """"search-r1 / oneshot" for tags; "tool calls (search, open) / tools-fewshot" for native calls."""
+    if metrics.get("format") == "tool-calls":  # the tags preset does not apply to native calls
+        return f"tool calls ({', '.join(metrics.get('tools') or [])}) / {metrics['template']}"
+    return f"{metrics['tags']} / {metrics['template']}"
+
+
 def metrics_rows(metrics: dict) -> list[tuple[str, str]]:
     """One run's metrics as (label, value) rows: what metrics.md and `eval run` show."""
     rows = [
@@ -95,7 +102,7 @@ def metrics_rows(metrics: dict) -> list[tuple[str, str]]:
         ("method", metrics["method"]),
         ("dataset", f"{metrics['dataset']} (n={metrics['n']})"),
         ("retriever", f"{metrics['retriever']} (k={metrics['k']})" if metrics["retriever"] else "-"),
-        ("protocol", f"{metrics['tags']} / {metrics['template']}"),
+        ("protocol", protocol_label(metrics)),
     ]
     if "web" in metrics:
         rows.append(("web", metrics["web"]))
