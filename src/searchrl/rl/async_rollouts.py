@@ -15,6 +15,8 @@ and takes versioned trajectories; it offers the same calls as the synchronous `R
   (in-flight rollouts finish with the weights they started with): every trajectory carries one
   `policy_version`, and a given seed and version give the same batch however the two processes
   are timed, so an async run is reproducible and its resume equals an uninterrupted run.
+- **Placement.** `rollout.worker_cpus` pins the worker process to those cores (`pin_cpus`), so a
+  CPU machine can give generation and the trainer a core each instead of letting them compete.
 - **Health.** A worker that exits, fails, or sends nothing for `rollout.worker_timeout_s` stops
   the run with a `SearchRLError` naming it; `--resume` goes on from the last checkpoint and
   generates the in-flight batches again.
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import multiprocessing as mp
+import os
 import queue
 import shutil
 import tempfile
@@ -72,11 +75,29 @@ class _Failed:
     error: str
 
 
+def pin_cpus(cpus: list[int], who: str = "this process") -> None:
+    """Run this process on the cores `cpus` only, with as many torch threads (Linux: the
+    scheduler's affinity mask; the threads torch starts later inherit it). A core the process may
+    not use is refused with the cores it may."""
+    import torch
+
+    if not hasattr(os, "sched_setaffinity"):
+        raise SearchRLError(f"pinning {who} to cores {cpus} needs os.sched_setaffinity (Linux); leave rollout.worker_cpus unset here")
+    try:
+        os.sched_setaffinity(0, cpus)
+    except (OSError, ValueError) as e:
+        raise SearchRLError(f"cannot pin {who} to cores {cpus} ({e}); this machine has cores 0..{(os.cpu_count() or 1) - 1}") from None
+    torch.set_num_threads(len(cpus))
+
+
 class AsyncRollouts:
     """The trainer's side of a rollout worker process (module docstring)."""
 
     def __init__(self, cfg: TrainConfig, model, version: int, protocol: Protocol | NativeProtocol) -> None:
         self.cfg, self.protocol, self.version = cfg, protocol, version
+        cpus = cfg.rollout.worker_cpus
+        if cpus and max(cpus) >= (os.cpu_count() or 1):  # refused here, before a process starts for nothing
+            raise SearchRLError(f"rollout.worker_cpus={cpus}: this machine has cores 0..{(os.cpu_count() or 1) - 1}")
         self._folder = Path(tempfile.mkdtemp(prefix="searchrl-weights-"))
         publish(model, self._folder, version)
         ctx = mp.get_context("spawn")  # a fork would copy the trainer's threads and model
@@ -214,6 +235,8 @@ def _worker_main(cfg: TrainConfig, folder: Path, orders, results) -> None:
 
     agent = None
     try:
+        if cfg.rollout.worker_cpus:  # before the model loads: torch's threads start on these cores
+            pin_cpus(cfg.rollout.worker_cpus, "the rollout worker")
         model, tokenizer = load_model(cfg.model, device=cfg.device, dtype="float32")  # float32, as the actor's
         agent = build_agent(cfg, HFBackend(model, tokenizer), run=str(Path(cfg.out).resolve()))
         worker = RolloutWorker(agent, functools.partial(autocast, cfg), version=-1)

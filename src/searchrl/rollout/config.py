@@ -54,6 +54,12 @@ class RolloutConfig(StrictModel):
         1800.0, gt=0, description="Async mode: seconds the trainer waits for a batch from a rollout worker that is still "
         "running before it stops the run as stalled (a worker that exits is noticed at once).",
     )
+    worker_cpus: list[int] | None = Field(
+        None, min_length=1, description="Async mode: the CPU cores (numbers as in /proc/cpuinfo) the rollout worker process "
+        "runs on, with as many torch threads; null = the trainer's cores and torch's default threads. On a CPU machine, "
+        "pin the trainer to the other cores (`taskset -c 1 searchrl train ...`) so that generation and updates never "
+        "compete for a core (Linux; docs/guides/async.md). Ignored in sync mode.",
+    )
     max_searches: int = Field(
         8, ge=0, le=MAX_SEARCHES, description=f"Searches served per rollout (at most {MAX_SEARCHES}); the next query ends it (max_searches)."
     )
@@ -83,6 +89,13 @@ class RolloutConfig(StrictModel):
         "generating meanwhile (backends with continuous batching: vllm). 1.0 = every round waits for its last "
         "sequence; lower keeps the batch fuller, at the price of more (smaller) retrieval calls.",
     )
+
+    @field_validator("worker_cpus")
+    @classmethod
+    def _cores(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (min(v) < 0 or len(set(v)) != len(v)):
+            raise ValueError(f"worker_cpus lists distinct core numbers from 0 (got {v})")
+        return v
 
     @field_validator("tool_budgets")
     @classmethod
