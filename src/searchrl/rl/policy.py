@@ -34,6 +34,15 @@ def autocast(cfg: TrainConfig):
     return torch.autocast(device_type=torch.device(cfg.device).type, dtype=dtype)
 
 
+def rollout_autocast(cfg: TrainConfig):
+    """The precision of the hf backend's decoding: the training's (`autocast`), except on CPU,
+    where it decodes in float32 whatever the training dtype: bf16 autocast there slowed decoding
+    ~2x (small batches, every matmul cast; docs/results.md, "Tool calls")."""
+    if cfg.rollout.backend == "hf" and torch.device(cfg.device).type == "cpu":
+        return contextlib.nullcontext()
+    return autocast(cfg)
+
+
 def _require_peft():
     try:
         import peft

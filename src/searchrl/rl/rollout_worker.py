@@ -14,9 +14,7 @@ Every trajectory it returns carries the policy version of the weights that sampl
 
 from __future__ import annotations
 
-import contextlib
-
-import torch
+import functools
 
 from searchrl import metric_names as mn
 from searchrl.agent import Agent, build_agent, load_backend
@@ -27,6 +25,7 @@ from searchrl.retrieval.base import Retriever
 from searchrl.retrieval.querycache import CachedRetriever, RetrievalCounts
 from searchrl.retrieval.web.budget import COUNTERS
 from searchrl.rl.actor import Actor
+from searchrl.rl.policy import rollout_autocast
 from searchrl.toolformat.protocol import NativeProtocol
 
 
@@ -35,7 +34,7 @@ class RolloutWorker:
         self.engine = agent.engine
         self.version = version  # the policy version of the weights the backend holds
         self.cfg = agent.engine.cfg
-        self.precision = precision  # context manager factory: the actor's mixed precision (hf)
+        self.precision = precision  # context manager factory around decoding (`policy.rollout_autocast`)
         self._spent = agent.retriever.usage()
         self._searched = agent.retriever.counts()
 
@@ -60,10 +59,7 @@ class RolloutWorker:
             backend.sync_weights(actor.model)  # a resumed or LoRA actor differs from cfg.model
         # Counted always: a retriever opened by `RetrievalConfig` already is, any other gets a counter.
         retriever = retriever if isinstance(retriever, CachedRetriever) else CachedRetriever(retriever)
-        # On CPU the hf backend decodes in float32 whatever the training dtype: bf16 autocast there
-        # slowed decoding ~2x (small batches, every matmul cast; docs/results.md, "Tool calls").
-        cpu_hf = cfg.rollout.backend == "hf" and torch.device(cfg.device).type == "cpu"
-        precision = contextlib.nullcontext if cpu_hf else actor.autocast
+        precision = functools.partial(rollout_autocast, cfg)
         return cls(build_agent(cfg, backend, retriever, protocol=protocol), precision, actor.version)
 
     @property
