@@ -110,7 +110,7 @@ def install_workload(chunk: int, tags) -> None:
 def _worker_main(cfg, *args):
     """The rollout worker process's entry: the workload installed, then the library's worker."""
     from searchrl.protocol import Protocol
-    from searchrl.rl import async_rollouts
+    from searchrl.rollout import async_worker as async_rollouts
 
     install_workload(int(os.environ["SEARCHRL_BENCH_CHUNK"]), Protocol.named(cfg.protocol.tags).tags)
     return async_rollouts._worker_main(cfg, *args)  # this process imported the library afresh: unpatched
@@ -123,14 +123,15 @@ def _worker_main(cfg, *args):
 def run_one(args) -> None:
     s = settings(args)
     trainer_cpu = args.cpus[1]
-    from searchrl.rl.async_rollouts import pin_cpus
+    from searchrl.rollout.async_worker import pin_cpus
 
     pin_cpus([trainer_cpu], "the trainer")  # before torch starts its threads (the worker re-pins itself)
     from trainer import toy_reward
 
     from searchrl.config import load_config
     from searchrl.protocol import Protocol
-    from searchrl.rl import async_rollouts, step
+    from searchrl.rl import step
+    from searchrl.rollout import async_worker as async_rollouts
     from searchrl.rl import trainer as rl_trainer
     from searchrl.rl.config import TrainConfig
     from searchrl.runlog import read_metrics

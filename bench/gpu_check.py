@@ -247,7 +247,7 @@ def run_train(args, s: dict) -> None:
     from searchrl.config import load_config
     from searchrl.rl import step, trainer
     from searchrl.rl.config import TrainConfig
-    from searchrl.rl.rollout_worker import RolloutWorker
+    from searchrl.rollout.worker import RolloutWorker
     from searchrl.runlog import read_metrics
 
     env = json.loads((Path(args.work) / "env.json").read_text())

@@ -125,7 +125,7 @@ def run_ours(args) -> dict:
     from searchrl.rl import step
     from searchrl.rl.actor import Actor
     from searchrl.rl.config import AlgorithmConfig, LoggingConfig, StageConfig, TrainConfig
-    from searchrl.rl.rollout_worker import RolloutWorker
+    from searchrl.rollout.worker import RolloutWorker
     from searchrl.rl.trainer import step_seed
     from searchrl.rollout.backend import make_backend
     from searchrl.rollout.config import RolloutConfig, VLLMOptions

@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 from searchrl.cli import main
-from searchrl.rl import rollout_worker, step, trainer
+from searchrl.rl import step, trainer
+from searchrl.rollout import worker as rollout_worker
 
 real_reward, real_collect, real_seed, real_advantages = (
     step.compute_reward, rollout_worker.RolloutWorker.collect, trainer.step_seed, step.compute_advantages

@@ -14,7 +14,7 @@ from searchrl import metric_names as mn
 from searchrl.config import load_config
 from searchrl.errors import SearchRLError
 from searchrl.rl import trainer
-from searchrl.rl.async_rollouts import AsyncRollouts
+from searchrl.rollout.async_worker import AsyncRollouts
 from searchrl.rl.checkpoint import latest_checkpoint
 from searchrl.rl.config import TrainConfig
 from searchrl.runlog import read_metrics
@@ -67,9 +67,9 @@ def _kill_worker_after(monkeypatch, version: int) -> None:
     """SIGKILL the rollout worker process right after policy `version` is published."""
     publish = AsyncRollouts.sync_weights
 
-    def sync_weights(self, actor):
-        publish(self, actor)
-        if actor.version == version:
+    def sync_weights(self, model, v):
+        publish(self, model, v)
+        if v == version:
             os.kill(self._proc.pid, signal.SIGKILL)
 
     monkeypatch.setattr(AsyncRollouts, "sync_weights", sync_weights)

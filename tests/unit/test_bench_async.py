@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from searchrl.errors import SearchRLError
-from searchrl.rl.async_rollouts import pin_cpus
+from searchrl.rollout.async_worker import pin_cpus
 from searchrl.rollout.config import RolloutConfig
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "async.py"

@@ -134,7 +134,8 @@ def test_every_metric_a_training_step_writes_is_in_the_schema_and_every_entry_is
     from searchrl.data.types import Passage
     from searchrl.retrieval.index import build_index
     from searchrl.retrieval.web.budget import COUNTERS
-    from searchrl.rl import rollout_worker, trainer
+    from searchrl.rl import trainer
+    from searchrl.rollout import worker as rollout_worker
     from searchrl.rl.config import TrainConfig
     from searchrl.rollout.scripted import ScriptedBackend
     from searchrl.runlog import read_metrics
@@ -173,7 +174,7 @@ def test_every_metric_a_training_step_writes_is_in_the_schema_and_every_entry_is
     spent = rollout_worker.RolloutWorker.spent(SimpleNamespace(
         engine=SimpleNamespace(retriever=SimpleNamespace(usage=lambda: dict.fromkeys(COUNTERS, 1.0))),
         _spent=dict.fromkeys(COUNTERS, 0.0)))
-    from searchrl.rl.async_rollouts import AsyncRollouts
+    from searchrl.rollout.async_worker import AsyncRollouts
 
     # async mode's pipeline metrics, as its rollout source writes them (tests/unit/test_async.py runs one)
     pipeline = AsyncRollouts.pipeline(SimpleNamespace(_ready={}, _dropped=0, _waited=0.5), 1.0)

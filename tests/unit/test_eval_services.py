@@ -20,7 +20,7 @@ from searchrl.errors import SearchRLError
 from searchrl.eval import resume as saved
 from searchrl.eval.run import EvalConfig, run_eval
 from searchrl.retrieval.web.budget import BudgetExhausted
-from searchrl.rl import rollout_worker
+from searchrl.rollout import worker as rollout_worker
 from searchrl.rollout.scripted import ScriptedBackend
 from searchrl.runlog import read_metrics
 from searchrl.tags import SEARCH_R1_TAGS

@@ -21,7 +21,7 @@ from searchrl.retrieval.querycache import RetrievalCounts
 from searchrl.rl import step
 from searchrl.rl.batch import make_batch
 from searchrl.rl.config import TrainConfig
-from searchrl.rl.rollout_worker import RolloutWorker
+from searchrl.rollout.worker import RolloutWorker
 from searchrl.rollout.config import RolloutConfig
 
 # Rollouts of 8 response tokens; tokens 2-4 of each were inserted by the environment.
@@ -59,7 +59,7 @@ def test_rollout_worker_stamps_the_version_of_the_weights_it_last_received():
     agent = SimpleNamespace(engine=engine, retriever=SimpleNamespace(usage=lambda: None, counts=lambda: RetrievalCounts()))
     worker = RolloutWorker(agent, contextlib.nullcontext, version=2)
     assert [t.policy_version for t in worker.collect([], 2, seed=0)] == [2, 2]
-    worker.sync_weights(SimpleNamespace(model=None, version=3))
+    worker.sync_weights(None, 3)
     assert [t.policy_version for t in worker.collect([], 2, seed=0)] == [3, 3]
 
 

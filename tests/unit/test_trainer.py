@@ -26,7 +26,7 @@ from searchrl.rl.actor import Actor
 from searchrl.rl.checkpoint import complete_checkpoints, latest_checkpoint
 from searchrl.rl.config import TrainConfig
 from searchrl.rl.policy import load_policy
-from searchrl.rl.rollout_worker import RolloutWorker
+from searchrl.rollout.worker import RolloutWorker
 from searchrl.rl.sampler import PromptSampler
 from searchrl.runlog import read_metrics
 
@@ -143,7 +143,7 @@ def _step(actor: Actor, trajs: list[Trajectory], questions: list[Question]):
         def collect(self, questions, n, seed, progress=False):
             return trajs
 
-        def sync_weights(self, actor):
+        def sync_weights(self, model, version):
             pass
 
         def sleep(self):
@@ -371,7 +371,7 @@ def test_a_config_extends_another_and_overrides_only_what_it_sets(tmp_path):
 def test_steps_log_retrieval_time_and_the_query_cache_hit_rate(world, tmp_path, monkeypatch):
     """Two steps on one question, two samples each, both searching the same query: step 1 searches
     it once for both (hit rate 1/2), step 2 finds it in the in-process cache (1)."""
-    from searchrl.rl import rollout_worker
+    from searchrl.rollout import worker as rollout_worker
     from searchrl.rollout.scripted import ScriptedBackend
     from searchrl.tags import SEARCH_R1_TAGS
 

@@ -37,7 +37,7 @@ from searchrl.retrieval.base import Retriever
 from searchrl.rl.actor import Actor
 from searchrl.rl.batch import make_batch
 from searchrl.rl.config import StageConfig
-from searchrl.rl.rollout_worker import RolloutWorker
+from searchrl.rollout.worker import RolloutWorker
 from searchrl.rl.step import StepIndex
 from searchrl.rollout.config import RolloutConfig
 from searchrl.rollout.engine import RolloutEngine
@@ -117,7 +117,7 @@ def sft_step(
         torch.Generator().manual_seed(at.seed ^ 0x5EED),
         objective="sft",
     )
-    worker.sync_weights(actor)
+    worker.sync_weights(actor.model, actor.version)
     t2 = time.perf_counter()
     parts = actor.dist.gather(
         ([(p.question, t) for p, t in zip(examples, trajectories)], (t1 - t0, t2 - t1, t2 - t0))

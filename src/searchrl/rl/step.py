@@ -2,7 +2,7 @@
 
 1. **collect**: the rollout worker generates `samples_per_prompt` trajectories per question with
    the current weights, searching as it goes (async mode: the batch a rollout worker process
-   generated ahead, `rl.async_rollouts`, by weights at most `max_staleness` versions old);
+   generated ahead, `rollout.async_worker`, by weights at most `max_staleness` versions old);
 2. **score**: each trajectory gets the stage's outcome reward; its group is its question;
 3. **prepare**: trajectories become padded tensors with the loss mask on policy tokens;
    reference log-probs (kl_coef > 0), old log-probs, and advantages with the group baseline;
@@ -39,12 +39,12 @@ from searchrl.retrieval.querycache import RetrievalCounts
 from searchrl.rewards import RewardBreakdown, compute_reward
 from searchrl.rl.actor import Actor, UpdateStats
 from searchrl.rl.advantages import compute_advantages
-from searchrl.rl.async_rollouts import AsyncRollouts
+from searchrl.rollout.async_worker import AsyncRollouts
 from searchrl.rl.batch import RolloutBatch, make_batch
 from searchrl.rl.config import StageConfig
 from searchrl.rl.health import echoes, flat_share
 from searchrl.rl.losses import behaviour_log_ratio, kl_penalty, masked_sum
-from searchrl.rl.rollout_worker import RolloutWorker
+from searchrl.rollout.worker import RolloutWorker
 from searchrl.tools.metrics import tool_metrics
 
 # Keys of a step record that measure time or caching, not learning (they differ between identical
@@ -110,7 +110,7 @@ def train_step(actor: Actor, worker: RolloutWorker | AsyncRollouts, stage_cfg: S
     t2 = time.perf_counter()
     stats = actor.update(batch, at.stage_step, stage_cfg.steps, torch.Generator().manual_seed(at.seed ^ 0x5EED))
     worker.wake()
-    worker.sync_weights(actor)
+    worker.sync_weights(actor.model, actor.version)
     t3 = time.perf_counter()
     # Left to the update, the old log-probs exist only if an update ran.
     have_old = not old_from_update or stats.updates > 0

@@ -28,12 +28,12 @@ from searchrl.profiles import announce
 from searchrl.rl import checkpoint as ckpt
 from searchrl.rl import rollback, rundir
 from searchrl.rl.actor import Actor
-from searchrl.rl.async_rollouts import AsyncRollouts, Order
+from searchrl.rollout.async_worker import AsyncRollouts, Order
 from searchrl.rl.config import TrainConfig
 from searchrl.rl.distributed import Dist, close_distributed, init_distributed
 from searchrl.rl.health import HealthStop, HealthWatch, report
 from searchrl.rl.preflight import Prepared, preflight
-from searchrl.rl.rollout_worker import RolloutWorker
+from searchrl.rollout.worker import RolloutWorker
 from searchrl.rl.sampler import PromptSampler
 from searchrl.rl.sft import sft_step, write_messages
 from searchrl.rl.step import StepIndex, train_step

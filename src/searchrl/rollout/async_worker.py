@@ -158,10 +158,10 @@ class AsyncRollouts:
     def spent(self) -> dict[str, float]:
         return self._last.spent
 
-    def sync_weights(self, actor) -> None:
+    def sync_weights(self, model, version: int) -> None:
         """Publish the actor's new version, forget the versions no order needs, admit what it allows."""
-        publish(actor.model, self._folder, actor.version)
-        self.version = actor.version
+        publish(model, self._folder, version)
+        self.version = version
         needed = min([o.version for o in [*self._admitted.values(), *self._pending]], default=self.version)
         for path in self._folder.glob("weights-*.safetensors"):
             if path != published_path(self._folder, self.version) and int(path.stem.split("-")[1]) < needed:
@@ -230,7 +230,7 @@ def _worker_main(cfg: TrainConfig, folder: Path, orders, results) -> None:
     from searchrl.agent import build_agent
     from searchrl.assets import load_model
     from searchrl.rl.policy import rollout_autocast
-    from searchrl.rl.rollout_worker import RolloutWorker
+    from searchrl.rollout.worker import RolloutWorker
     from searchrl.rollout.hf_backend import HFBackend
 
     agent = None

@@ -1,6 +1,6 @@
 """The rollout worker: a step's trajectories from the rollout engine over a generation backend
 chosen by name (`rollout.backend`). It never sees an optimizer; after every update the trainer
-hands it the actor's new weights (`sync_weights`).
+hands it the policy's new weights and their version (`sync_weights`).
 
 - `hf`: the backend runs the actor's own model object, so the weights are always current and
   syncing is a no-op; with a sharded actor (torchrun) it holds a whole copy of its own, in the
@@ -24,8 +24,6 @@ from searchrl.protocol import Protocol
 from searchrl.retrieval.base import Retriever
 from searchrl.retrieval.querycache import CachedRetriever, RetrievalCounts
 from searchrl.retrieval.web.budget import COUNTERS
-from searchrl.rl.actor import Actor
-from searchrl.rl.policy import rollout_autocast
 from searchrl.toolformat.protocol import NativeProtocol
 
 
@@ -39,9 +37,12 @@ class RolloutWorker:
         self._searched = agent.retriever.counts()
 
     @classmethod
-    def create(cls, actor: Actor, retriever: Retriever, protocol: Protocol) -> RolloutWorker:
+    def create(cls, actor, retriever: Retriever, protocol: Protocol) -> RolloutWorker:
         """The agent of the run over the backend `actor.cfg.rollout.backend` names, holding the
-        actor's current weights, and `retriever` (opened by the preflight checks)."""
+        current weights of `actor` (the trainer's policy: its `cfg`, `model`, `tokenizer`,
+        `version` and whether `dist.sharded`), and `retriever` (opened by the preflight checks)."""
+        from searchrl.rl.policy import rollout_autocast
+
         cfg = actor.cfg
         if cfg.rollout.backend == "hf" and not actor.dist.sharded:
             from searchrl.rollout.hf_backend import HFBackend
@@ -73,7 +74,7 @@ class RolloutWorker:
 
     def begin(self, plan) -> None:
         """Nothing to plan: this worker generates each batch when it is collected (the
-        asynchronous one, `rl.async_rollouts`, starts the plan's batches ahead)."""
+        asynchronous one, `rollout.async_worker`, starts the plan's batches ahead)."""
 
     def pipeline(self, step_seconds: float) -> dict:
         """No pipeline metrics: generation and training take turns."""
@@ -105,9 +106,10 @@ class RolloutWorker:
         before, self._searched = self._searched, now
         return now.since(before)
 
-    def sync_weights(self, actor: Actor) -> None:
-        self.engine.backend.sync_weights(actor.model)
-        self.version = actor.version
+    def sync_weights(self, model, version: int) -> None:
+        """The trainer's weights after update `version`."""
+        self.engine.backend.sync_weights(model)
+        self.version = version
 
     def sleep(self) -> None:
         self.engine.backend.sleep()
