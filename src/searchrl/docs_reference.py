@@ -280,7 +280,7 @@ def family_members() -> dict[str, Callable[[], list[str]]]:
     from searchrl.format_rules import FORMAT_RULES
     from searchrl.retrieval.web.budget import COUNTERS
     from searchrl.reward_terms import REWARD_TERMS
-    from searchrl.rl.health import MONITORS
+    from searchrl.rl.monitors import MONITORS
     from searchrl.tools.registry import TOOLS
 
     return {mn.REWARD_TERM.name: REWARD_TERMS.names, mn.STOP.name: lambda: list(STOP_REASONS),

@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.protocol import Protocol
 from searchrl.reward_terms import FormatVerdict
-from searchrl.tags import TagSet, extract_answer
+from searchrl.tags import TagSet, extract_answer, extract_reasoning
 from searchrl.toolformat.protocol import NativeProtocol
 from searchrl.tools.batch import INVALID
 
@@ -58,6 +58,9 @@ FORMAT_RULES = (
     "answer_length",
     "calls",
 )
+# The rules about the protocol's tags and calls (the others judge the text: garbled, script,
+# answer_length): the share of rollouts failing one is the step's `malformed_tags`.
+TAG_RULES = ("think", "answer", "query", "forged_documents", "answer_tags", "calls")
 
 # Han (incl. extensions and compatibility), kana, Hangul, CJK symbols and full-width forms: the
 # scripts a multilingual base model drifts into (the authors' code rejects CJK outside documents).
@@ -246,3 +249,26 @@ def check_turns(traj: Trajectory, protocol: NativeProtocol, *, max_answer_words:
     if any(c["error"] in INVALID for c in traj.tool_calls):
         failed.append("calls")
     return FormatVerdict(ok=not failed, failed=failed)
+
+
+def think_text(traj: Trajectory, protocol: Protocol | NativeProtocol | TagSet) -> str:
+    """The policy's reasoning in a rollout, tags and documents left out, for the repetition
+    metrics (`rl.health_signals`). Tag protocols: the think block (an unclosed one runs to the
+    answer tag or the end), queries included. Tool calls: each turn's `<think>` block, or where a
+    call turn has none, its text outside the calls (a final turn's text is the answer).
+
+    >>> from searchrl.tags import R1SEARCHER_TAGS
+    >>> t = Trajectory("q", "Q?", [], [], [], [], [Segment("Look. <|begin_of_query|>R1<|end_of_query|>", "policy"),
+    ...     Segment("<|begin_of_documents|>(1) R1 flows.<|end_of_documents|>", "env"), Segment("Found.</think><answer>R1</answer>", "policy")])
+    >>> think_text(t, R1SEARCHER_TAGS)
+    'Look.  R1 Found.'
+    """
+    protocol = as_protocol(protocol)
+    policy = [s.text for s in _merge(traj.segments) if s.source == "policy"]
+    if isinstance(protocol, NativeProtocol):
+        turns = [protocol.chat.format.parse(text) for text in policy]
+        return "\n".join(t.reasoning or ("" if t.is_final else t.final_text) for t in turns)
+    tags = protocol.tags
+    body = extract_reasoning(policy_view(traj.segments, tags), tags,
+                             think_opened_in_prompt=protocol.think_opened_in_prompt, drop_documents=True) or ""
+    return _tag_pattern(tags).sub(" ", body)

@@ -124,12 +124,22 @@ ANSWER_RATE = _metric("answer_rate", "rollout", "Share of rollouts that gave an 
 ECHO_RATE = _metric("echo_rate", "rollout",
                     "Share of comparison-like answers that name both candidates or the gold plus another (null: none comparison-like).")
 FLAT_GROUPS = _metric("flat_groups", "rollout", "Share of question groups whose rewards are all equal: no learning signal.")
+THINK_REPEAT_RATE = _metric("think_repeat_rate", "rollout",
+                            "Share of the word 4-grams of a rollout's think text that repeat an earlier one of the same text, mean "
+                            "over rollouts (null: no rollout wrote 4 words of reasoning). Healthy reasoning repeats its entities' "
+                            "names (the R1-Searcher authors' Qwen-7B rollouts: 0.29); a looping one tends to 1.")
+THINK_LOOP_RATE = _metric("think_loop_rate", "rollout",
+                          "Share of rollouts whose think text writes one span of up to 32 words three or more times back to back "
+                          "(null: no rollout wrote reasoning): the reasoning degenerating into a loop.")
 RESPONSE_TOKENS = _metric("response_tokens", "rollout", "Policy tokens per rollout (what the loss trains on).")
 ENV_TOKENS = _metric("env_tokens", "rollout", "Environment tokens per rollout: retrieved documents and tool results (loss mask 0).")
 STOP = _family("stop_<reason>", "rollout", "Share of rollouts that ended for this reason.")
 
 # --- format
 FORMAT_OK = _metric("format_ok", "format", "Share of rollouts that pass the format check.")
+MALFORMED_TAGS = _metric("malformed_tags", "format",
+                         "Share of rollouts failing a rule about the protocol's tags or calls (think, answer, query, forged_documents, "
+                         "answer_tags, calls): format_ok's failures less those of the text rules (garbled, script, answer_length).")
 FORMAT_FAILED = _family("format_failed_<rule>", "format", "Share of rollouts failing this rule of the format check.")
 
 # --- retrieval
@@ -180,8 +190,8 @@ RETRIEVAL_S = _metric("retrieval_s", "timing", "Wall seconds in search (the slow
 RETRIEVAL_CACHE_HIT_RATE = _metric("retrieval_cache_hit_rate", "timing",
                                    "Share of queries answered without a search of their own (null: no searches or no cache).")
 
-# A monitor's value that is a ratio of times: it differs between identical runs as timing does.
-_TIMING_HEALTH = ("step_time",)
+# The monitors whose value is made of times: it differs between identical runs as timing does.
+TIMING_HEALTH = ("step_time", "trainer_idle", "rollout_wait")
 
 
 def describe(key: str) -> Metric | None:
@@ -192,7 +202,7 @@ def describe(key: str) -> Metric | None:
 
 
 def is_timing(key: str) -> bool:
-    """Whether a step record's `key` measures time or caching (kind timing, and the step-time
-    monitor's value), which differs between identical runs."""
+    """Whether a step record's `key` measures time or caching (kind timing, and the values of the
+    monitors of times), which differs between identical runs."""
     found = describe(key)
-    return (found is not None and found.kind == "timing") or key in {HEALTH.key(m) for m in _TIMING_HEALTH}
+    return (found is not None and found.kind == "timing") or key in {HEALTH.key(m) for m in TIMING_HEALTH}

@@ -168,7 +168,7 @@ def test_the_cut_and_full_stops_are_counted_in_eval_summaries_and_training_metri
     scored = step.Scored([QUESTION] * 2, trajs, rewards, [0, 0])
     sums = torch.ones((2, len(step._SUMS)), dtype=torch.float64)
     out = step.record(step.StepIndex(1, 1, 0, 0), scored, sums, UpdateStats(0, 0, 0, 0, 1, 0, 0, 1e-5), False, False,
-                      step.Timing(1.0, 0.0, 0.0, 1.0), tools=["search"])
+                      step.Timing(1.0, 0.0, 0.0, 1.0), tools=["search"], protocol=SEARCH_R1_TAGS)
     assert (out["truncated_documents"], out["stop_context_full"], out["stop_answer"]) == (0.5, 0.5, 0.5)
 
 

@@ -19,7 +19,8 @@ from searchrl.errors import EXIT_FINDING, EXIT_USAGE
 from searchrl.rl import trainer
 from searchrl.rl.checkpoint import latest_checkpoint
 from searchrl.rl.config import TrainConfig
-from searchrl.rl.health import HealthConfig, HealthStop, echoes, scan
+from searchrl.rl.health import HealthConfig, HealthStop, scan
+from searchrl.rl.health_signals import echoes
 from searchrl.runlog import ALARMS_FILE, read_metrics
 
 DEMO = Path(__file__).parent / "data" / "demo_metrics.jsonl"  # the demo's healthy run (fresh clone)

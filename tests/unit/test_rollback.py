@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from searchrl.cli import app
 from searchrl.config import load_config
-from searchrl.rl import health, trainer
+from searchrl.rl import monitors, trainer
 from searchrl.rl.checkpoint import complete_checkpoints
 from searchrl.rl.config import TrainConfig
 from searchrl.rl.health import HealthStop
@@ -39,7 +39,7 @@ def _cfg(world, out, *extra):
 
 
 def test_rollback_goes_back_before_the_window_lowers_lr_reseeds_and_survives_a_crash(world, tmp_path, varied_rewards, monkeypatch):
-    monkeypatch.setitem(health.MONITORS, "step_time", _fires_at(3, only_at_base_lr=True))
+    monkeypatch.setitem(monitors.MONITORS, "step_time", _fires_at(3, only_at_base_lr=True))
     run = tmp_path / "run"
     with pytest.raises(RuntimeError, match="simulated crash"):
         trainer.train(_cfg(world, run, "debug_crash_after_step=4"))
@@ -67,7 +67,7 @@ def test_rollback_goes_back_before_the_window_lowers_lr_reseeds_and_survives_a_c
 
 
 def test_rollbacks_spent_stop_the_run(world, tmp_path, varied_rewards, monkeypatch):
-    monkeypatch.setitem(health.MONITORS, "step_time", _fires_at(2, only_at_base_lr=False))
+    monkeypatch.setitem(monitors.MONITORS, "step_time", _fires_at(2, only_at_base_lr=False))
     run = tmp_path / "run"
     with pytest.raises(HealthStop, match="already rolled back 1 time"):
         trainer.train(_cfg(world, run, "health.rollback.max_rollbacks=1", "health.step_time.window=1"))

@@ -17,7 +17,7 @@ from searchrl.agent import AgentConfig
 from searchrl.config import StrictModel
 from searchrl.retrieval import RetrievalConfig
 from searchrl.rewards import RewardConfig
-from searchrl.rl.health import HealthConfig
+from searchrl.rl.health_config import HealthConfig
 from searchrl.rollout.config import RolloutConfig
 
 

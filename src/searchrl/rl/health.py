@@ -1,34 +1,26 @@
-"""Training health monitors (issue 12): the collapses RL search agents fall into, caught while they
+"""Training health (issue 12): the collapses RL search agents fall into, caught while they
 happen. In the long CPU run with Stage 2's reward the search rate fell from 1.0 to 0.0 at step 21
 and the policy learned to answer comparisons with both candidates ("A or B"), which F1 half-
 rewards and cover-EM fully counts.
 
-Each monitor is a pure function of one stage's step records up to the current step (dicts as in
-metrics.jsonl) and returns its value for that step, or None when it has nothing to judge (a step
-without an update has no entropy; a window not yet full). The trainer runs them after every step
+The monitors are pure functions of a stage's step records (`rl.monitors`, configured by
+`rl.health_config`). This module follows a run with them: the trainer runs them after every step
 (`HealthWatch`) and `searchrl health` replays them over a finished or live metrics.jsonl
-(`scan`), so both see the same alarms. What needs per-rollout data (echoed answers, groups with
-equal rewards) is a per-step metric that `rl.step.record` writes; the monitors threshold it.
+(`scan`), so both see the same alarms; alarms go to the run's alarms.jsonl.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import re
-import statistics
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
-
-from pydantic import Field, model_validator
 
 from searchrl import metric_names as mn
-from searchrl.config import StrictModel
 from searchrl.errors import EXIT_FINDING, EXIT_OK, SearchRLError
-from searchrl.metrics import normalize_answer
+from searchrl.rl.health_config import HealthConfig, MonitorConfig
+from searchrl.rl.monitors import MONITORS, message
 from searchrl.runlog import (
     ALARMS_FILE,
     METRICS_FILE,
@@ -37,229 +29,6 @@ from searchrl.runlog import (
     read_events,
     read_metrics,
 )
-
-
-class MonitorConfig(StrictModel):
-    """One monitor: what it does when it fires, its threshold and its window of steps."""
-
-    action: Literal["warn", "stop", "rollback", "off"] = Field(
-        "warn", description="warn: a console line and a line in the run's alarms.jsonl; stop: that, then a checkpoint "
-        "and the run ends with the alarm as its error; rollback: back to the last checkpoint before the window, "
-        "with a lower learning rate and new sampling seeds (see health.rollback); off: not computed.",
-    )
-    threshold: float = Field(..., description="Where the monitor fires (see the monitor's own description).")
-    window: int = Field(..., ge=1, description="Steps the monitor averages over (or, for spikes, the baseline's steps).")
-
-
-class RollbackConfig(StrictModel):
-    """What the `rollback` action does (`searchrl.rl.rollback`)."""
-
-    lr_factor: float = Field(0.5, gt=0, le=1, description="Each rollback multiplies the learning rate by this.")
-    max_rollbacks: int = Field(2, ge=0, description="Rollbacks a run may take; past them a rollback alarm stops the run.")
-
-
-def _monitor(threshold: float, window: int, what: str):
-    return Field(default_factory=lambda: MonitorConfig(threshold=threshold, window=window), description=what)
-
-
-class HealthConfig(StrictModel):
-    """Monitors run after every step on the step records; windows never reach into the previous
-    stage. Defaults stay quiet on the demo's healthy run."""
-
-    search_collapse: MonitorConfig = _monitor(
-        0.5, 2, "Mean search_rate over the window as a fraction of the stage's best such mean; fires at or below threshold.")
-    format_collapse: MonitorConfig = _monitor(
-        0.5, 2, "Mean format_ok over the window as a fraction of the stage's best such mean; fires at or below threshold "
-        "(once every rollout fails the format, every reward is the same and nothing is learned any more).")
-    answer_echo: MonitorConfig = _monitor(
-        0.3, 2, "Mean echo_rate (comparison answers naming both candidates, or the gold plus another) over the window; "
-        "fires at or above threshold.")
-    length_drift: MonitorConfig = _monitor(
-        3.0, 3, "Mean response_tokens over the window against the median of the stage's first window steps; fires when "
-        "the ratio is at or above threshold (explosion) or at or below its inverse (collapse).")
-    # A tenth: on the shipped long run entropy fell from 0.55 to 0.07-0.15 nats a token (a fifth
-    # of its best and less) while search and format held; sampling that stops exploring goes lower.
-    entropy_collapse: MonitorConfig = _monitor(
-        0.1, 2, "Mean entropy over the window as a fraction of the stage's best such mean; fires at or below threshold.")
-    flat_groups: MonitorConfig = _monitor(
-        0.9, 5, "Mean flat_groups (share of question groups whose rewards are all equal: no learning signal) over the "
-        "window; fires at or above threshold.")
-    logprob_mismatch: MonitorConfig = _monitor(
-        10.0, 3, "logprob_mismatch (sampler vs actor, per token) against the median of the window's earlier steps; fires "
-        "at or above threshold times that median once it is also over 1e-3 (fp32 noise spikes harmlessly).")
-    nonfinite: MonitorConfig = _monitor(
-        1, 1, "How many of loss, gradient norm, KL, entropy, log-prob mismatch and reward are NaN/Inf; fires at or above threshold.")
-    step_time: MonitorConfig = _monitor(
-        4.0, 3, "step_seconds against the median of the window's earlier steps; fires at or above threshold.")
-    rollback: RollbackConfig = Field(default_factory=RollbackConfig, description="Settings of the rollback action.")
-
-    def monitors(self) -> dict[str, MonitorConfig]:
-        return {name: getattr(self, name) for name in MONITORS}
-
-    @model_validator(mode="before")
-    @classmethod
-    def _fill_from_defaults(cls, data):
-        # `health.nonfinite.action=stop` alone keeps that monitor's default threshold and window.
-        if not isinstance(data, dict):
-            return data
-        return {k: {**cls.model_fields[k].default_factory().model_dump(), **v} if isinstance(v, dict) and k in cls.model_fields else v
-                for k, v in data.items()}
-
-
-# ------------------------------------------------------------------------------------------------
-# The monitors: (records of one stage up to this step, config) -> (value | None, fired)
-
-Reading = tuple[float | None, bool]
-Monitor = Callable[[Sequence[dict], MonitorConfig], Reading]
-
-
-def _values(records: Sequence[dict], key: str) -> list[float]:
-    return [r[key] for r in records if r.get(key) is not None]
-
-
-def _mean_last(values: list[float], window: int) -> float | None:
-    return statistics.fmean(values[-window:]) if len(values) >= window else None
-
-
-def _vs_best(records: Sequence[dict], key: str, cfg: MonitorConfig) -> Reading:
-    """The latest window mean over the best window mean so far; None until the best is positive."""
-    if not records or records[-1].get(key) is None:
-        return None, False
-    values = _values(records, key)
-    means = [statistics.fmean(values[i - cfg.window:i]) for i in range(cfg.window, len(values) + 1)]
-    if not means or max(means) <= 0:
-        return None, False
-    ratio = means[-1] / max(means)
-    return ratio, ratio <= cfg.threshold
-
-
-def _window_mean(records: Sequence[dict], key: str, cfg: MonitorConfig) -> Reading:
-    if not records or records[-1].get(key) is None:
-        return None, False
-    mean = _mean_last(_values(records, key), cfg.window)
-    return mean, mean is not None and mean >= cfg.threshold
-
-
-def _spike(records: Sequence[dict], key: str, cfg: MonitorConfig, floor: float = 0.0) -> Reading:
-    """The latest value over the median of the `window` values before it."""
-    values = _values(records, key)
-    if not records or records[-1].get(key) is None or len(values) <= cfg.window:
-        return None, False
-    base = statistics.median(values[-cfg.window - 1:-1])
-    if base <= 0:
-        return None, False
-    ratio = values[-1] / base
-    return ratio, ratio >= cfg.threshold and values[-1] > floor
-
-
-def search_collapse(records: Sequence[dict], cfg: MonitorConfig) -> Reading:
-    return _vs_best(records, mn.SEARCH_RATE, cfg)
-
-
-def format_collapse(records: Sequence[dict], cfg: MonitorConfig) -> Reading:
-    return _vs_best(records, mn.FORMAT_OK, cfg)
-
-
-def answer_echo(records: Sequence[dict], cfg: MonitorConfig) -> Reading:
-    return _window_mean(records, mn.ECHO_RATE, cfg)
-
-
-def length_drift(records: Sequence[dict], cfg: MonitorConfig) -> Reading:
-    values = _values(records, mn.RESPONSE_TOKENS)
-    recent = _mean_last(values, cfg.window)
-    if recent is None or len(values) < 2 * cfg.window:  # a baseline apart from the window
-        return None, False
-    base = statistics.median(values[: cfg.window])
-    if base <= 0:
-        return None, False
-    ratio = recent / base
-    return ratio, ratio >= cfg.threshold or ratio <= 1 / cfg.threshold
-
-
-def entropy_collapse(records: Sequence[dict], cfg: MonitorConfig) -> Reading:
-    return _vs_best(records, mn.ENTROPY, cfg)
-
-
-def flat_groups(records: Sequence[dict], cfg: MonitorConfig) -> Reading:
-    return _window_mean(records, mn.FLAT_GROUPS, cfg)
-
-
-def logprob_mismatch(records: Sequence[dict], cfg: MonitorConfig) -> Reading:
-    return _spike(records, mn.LOGPROB_MISMATCH, cfg, floor=1e-3)
-
-
-# A NaN in any of these poisons the weights (loss, gradients) or shows they already are (log-probs).
-NONFINITE_KEYS = (mn.PG_LOSS, mn.SFT_LOSS, mn.KL_LOSS, mn.GRAD_NORM, mn.KL, mn.ENTROPY, mn.LOGPROB_MISMATCH, mn.REWARD)
-
-
-def nonfinite(records: Sequence[dict], cfg: MonitorConfig) -> Reading:
-    bad = sum(1 for k in NONFINITE_KEYS if isinstance(records[-1].get(k), float) and not math.isfinite(records[-1][k]))
-    return float(bad), bad >= cfg.threshold
-
-
-def step_time(records: Sequence[dict], cfg: MonitorConfig) -> Reading:
-    # A step whose rewards were all equal skips the update and takes a fraction of the time (16 s
-    # against 68 s in the demo): compare steps that updated with steps that updated.
-    if records and records[-1].get(mn.UPDATES) == 0:
-        return None, False
-    return _spike([r for r in records if r.get(mn.UPDATES) != 0], mn.STEP_SECONDS, cfg)
-
-
-MONITORS: dict[str, Monitor] = {
-    "search_collapse": search_collapse, "format_collapse": format_collapse, "answer_echo": answer_echo, "length_drift": length_drift,
-    "entropy_collapse": entropy_collapse, "flat_groups": flat_groups, "logprob_mismatch": logprob_mismatch,
-    "nonfinite": nonfinite, "step_time": step_time,
-}
-assert set(MONITORS) == set(HealthConfig.model_fields) - {"rollback"}, "every monitor has a config field and back"
-
-
-# ------------------------------------------------------------------------------------------------
-# Per-rollout inputs that `rl.step.record` turns into step metrics
-
-# "Which film came out first, Dusk Harbour or The Glass Road?" -> the two names
-_CANDIDATES = re.compile(r",\s*(?P<a>[^,?]+?)\s+or\s+(?P<b>[^,?]+?)\s*\?\s*$", re.IGNORECASE)
-# Joins two answers in one: "A or B", "A / B", "A, B"
-_JOINER = re.compile(r"\bor\b|[/,;&]", re.IGNORECASE)
-
-
-def echoes(prediction: str | None, question: str, answers: Sequence[str], qtype: str = "") -> bool | None:
-    """Whether an answer to a comparison-like question hedges: it names two or more candidates
-    of the question, or the gold joined to something else. None: not comparison-like.
-
-    >>> echoes("Dusk Harbour or The Glass Road", "Which film came out first, Dusk Harbour or The Glass Road?", ["Dusk Harbour"])
-    True
-    >>> echoes("Dusk Harbour", "Which film came out first, Dusk Harbour or The Glass Road?", ["Dusk Harbour"])
-    False
-    >>> echoes("yes/no", "Are Ann Lee and Bo Kim citizens of the same country?", ["no"], "comparison")
-    True
-    >>> echoes("R1", "Which river flows through Town 1?", ["R1"]) is None
-    True
-    """
-    match = _CANDIDATES.search(question)
-    if match is None and "comparison" not in qtype:
-        return None
-    if not prediction:
-        return False
-    pred = f" {normalize_answer(prediction)} "
-    candidates = [match["a"], match["b"]] if match else []
-    if {normalize_answer(a) for a in answers} <= {"yes", "no"}:
-        candidates += ["yes", "no"]
-    named = sum(f" {normalize_answer(c)} " in pred for c in candidates)
-    golds = [f" {normalize_answer(a)} " for a in answers]
-    gold_plus = any(g in pred and g != pred for g in golds) and bool(_JOINER.search(prediction))
-    return named >= 2 or gold_plus
-
-
-def flat_share(rewards: Sequence[float], group_ids: Sequence[int]) -> float:
-    """Share of groups whose rewards are all equal: their advantages are 0, they teach nothing.
-
-    >>> flat_share([1.0, 1.0, 0.0, 1.0, 0.5, 0.5], [0, 0, 1, 1, 2, 2])
-    0.6666666666666666
-    """
-    groups: dict[int, set[float]] = {}
-    for r, g in zip(rewards, group_ids):
-        groups.setdefault(g, set()).add(r)
-    return sum(len(v) == 1 for v in groups.values()) / max(len(groups), 1)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -289,6 +58,7 @@ class HealthWatch:
         self.cfg = cfg
         self.records: list[dict] = []
         self.firing: set[str] = set()
+        self.judged: set[str] = set()  # the monitors that had a value at some step
         for rec in records:
             self.observe(rec)
 
@@ -303,17 +73,26 @@ class HealthWatch:
                 continue
             value, fired = monitor(self.records, mcfg)
             values[name] = value
+            if value is not None:
+                self.judged.add(name)
             if fired and name not in self.firing:
                 alarms.append(Alarm(name, record[mn.STAGE], record[mn.STEP], value, mcfg.threshold, mcfg.action,
-                                    _message(name, value, mcfg)))
+                                    message(name, value, mcfg)))
             (self.firing.add if fired else self.firing.discard)(name)
         return values, alarms
 
 
-def scan(records: Sequence[dict], cfg: HealthConfig) -> list[Alarm]:
-    """Every alarm a run's step records raise, in step order (what `searchrl health` prints)."""
+def replay(records: Sequence[dict], cfg: HealthConfig) -> tuple[list[Alarm], list[str]]:
+    """(every alarm a run's step records raise, in step order; the monitors switched on that had
+    nothing to judge at any step: their metric is absent, as the async monitors' are in a sync run)."""
     watch = HealthWatch(cfg)
-    return [a for rec in records for a in watch.observe(rec)[1]]
+    alarms = [a for rec in records for a in watch.observe(rec)[1]]
+    return alarms, [name for name, m in cfg.monitors().items() if m.action != "off" and name not in watch.judged]
+
+
+def scan(records: Sequence[dict], cfg: HealthConfig) -> list[Alarm]:
+    """Every alarm a run's step records raise, in step order."""
+    return replay(records, cfg)[0]
 
 
 class HealthStop(SearchRLError):
@@ -364,7 +143,7 @@ def run_health_config(run_dir: Path) -> HealthConfig:
 
 def health_command(run_dir: Path, as_json: bool) -> int:
     """`searchrl health RUN`: the alarms of a run's metrics.jsonl under the run's own thresholds
-    (`run_health_config`); `EXIT_FINDING` if any fired, else 0. A run with no complete step
+    (`run_health_config`), and the monitors with nothing to judge; `EXIT_FINDING` if any fired, else 0. A run with no complete step
     record has nothing to judge: a SearchRLError, like any input that cannot be read."""
     from rich.console import Console
 
@@ -380,14 +159,15 @@ def health_command(run_dir: Path, as_json: bool) -> int:
             f"{Path(run_dir) / METRICS_FILE} holds no complete step record, so there is nothing to judge; "
             "run `searchrl health` again once the run has finished a step"
         )
-    alarms = scan(records, cfg)
+    alarms, unjudged = replay(records, cfg)
     # The alarms that rolled the run back are not in the kept records any more: listed apart.
     rollbacks = read_events(run_dir, ROLLBACKS_FILE, ROLLBACK_FIELDS)
     if as_json:
         print(json.dumps({"run": str(run_dir), "steps": len(records), "healthy": not alarms and not rollbacks,
-                          "alarms": [a.to_dict() for a in alarms], "rollbacks": rollbacks}))
+                          "alarms": [a.to_dict() for a in alarms], "rollbacks": rollbacks, "unjudged": unjudged}))
     elif not alarms and not rollbacks:
-        Console().print(f"{run_dir}: healthy ({len(records)} steps, {len(MONITORS)} monitors)", highlight=False, markup=False)
+        idle = f"; nothing to judge for {', '.join(unjudged)}" if unjudged else ""
+        Console().print(f"{run_dir}: healthy ({len(records)} steps, {len(MONITORS)} monitors{idle})", highlight=False, markup=False)
     else:
         rows = [[a.monitor, str(a.stage), str(a.step), f"{a.value:.3g}", f"{a.threshold:g}", a.action, a.message]
                 for a in alarms]
@@ -399,20 +179,7 @@ def health_command(run_dir: Path, as_json: bool) -> int:
                    Column("value", right=True, drop_first=True), Column("threshold", right=True, drop_first=True),
                    Column("action"), Column("message", wrap=True)]
         print_table(Console(), columns, rows, title=f"{run_dir}: {len(alarms)} alarm(s), {len(rollbacks)} rollback(s)")
+        if unjudged:
+            Console().print(f"nothing to judge for {', '.join(unjudged)}", highlight=False, markup=False)
     return EXIT_FINDING if alarms or rollbacks else EXIT_OK
 
-
-def _message(name: str, value: float, cfg: MonitorConfig) -> str:
-    w = f"{cfg.window} step(s)"
-    return {
-        "search_collapse": f"search rate over {w} fell to {value:.0%} of the stage's best: the policy stopped searching",
-        "format_collapse": f"format-ok rate over {w} fell to {value:.0%} of the stage's best: rollouts stopped following the protocol",
-        "answer_echo": f"{value:.0%} of comparison answers over {w} name both candidates or the gold plus another "
-                       "(F1 half-rewards it, cover-EM counts it)",
-        "length_drift": f"responses over {w} are {value:.2f}x the stage's first steps' length",
-        "entropy_collapse": f"entropy over {w} fell to {value:.0%} of the stage's best: sampling is turning deterministic",
-        "flat_groups": f"{value:.0%} of question groups over {w} had equal rewards: no learning signal",
-        "logprob_mismatch": f"sampler/actor log-prob gap is {value:.1f}x its recent median",
-        "nonfinite": f"{value:.0f} of {', '.join(NONFINITE_KEYS)} is NaN/Inf",
-        "step_time": f"the step took {value:.1f}x the recent median step time",
-    }[name]

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from searchrl.errors import SearchRLError
 from searchrl.rl import checkpoint as ckpt
-from searchrl.rl.health import Alarm, HealthConfig, trim_alarms
+from searchrl.rl.health import Alarm, trim_alarms
+from searchrl.rl.health_config import HealthConfig
 from searchrl.runlog import (
     METRICS_FILE,
     ROLLBACKS_FILE,

@@ -33,8 +33,9 @@ from searchrl import metric_names as mn
 from searchrl.data.trajectory import STOP_REASONS, Trajectory
 from searchrl.data.types import Question
 from searchrl.eval.multihop import multihop_metrics, row_of_trajectory
-from searchrl.format_rules import FORMAT_RULES
+from searchrl.format_rules import FORMAT_RULES, TAG_RULES, think_text
 from searchrl.metrics import ANSWER_METRICS
+from searchrl.protocol import Protocol
 from searchrl.retrieval.querycache import RetrievalCounts
 from searchrl.rewards import RewardBreakdown, compute_reward
 from searchrl.rl.actor import Actor, UpdateStats
@@ -42,14 +43,16 @@ from searchrl.rl.advantages import compute_advantages
 from searchrl.rollout.async_worker import AsyncRollouts
 from searchrl.rl.batch import RolloutBatch, make_batch
 from searchrl.rl.config import StageConfig
-from searchrl.rl.health import echoes, flat_share
+from searchrl.rl.health_signals import echoes, flat_share, loops, repeated_ngram_share
 from searchrl.rl.losses import behaviour_log_ratio, kl_penalty, masked_sum
 from searchrl.rollout.worker import RolloutWorker
+from searchrl.tags import TagSet
+from searchrl.toolformat.protocol import NativeProtocol
 from searchrl.tools.metrics import tool_metrics
 
 # Keys of a step record that measure time or caching, not learning (they differ between identical
 # runs: a resumed run starts with an empty query cache, and each rank has its own).
-TIMING_KEYS = tuple(name for name, m in mn.SCHEMA.items() if m.kind == "timing" and m.slot is None) + (mn.HEALTH.key("step_time"),)
+TIMING_KEYS = tuple(name for name, m in mn.SCHEMA.items() if m.kind == "timing" and m.slot is None) + tuple(mn.HEALTH.key(name) for name in mn.TIMING_HEALTH)
 
 
 def is_timing(key: str) -> bool:
@@ -120,7 +123,8 @@ def train_step(actor: Actor, worker: RolloutWorker | AsyncRollouts, stage_cfg: S
     timing = Timing(*np.max([astuple(p[2]) for p in parts], axis=0).tolist())  # the slowest rank's
     has_ref = batch.ref_logp is not None
     searched = retrieval_record([p[3] for p in parts])
-    line = record(at, everyone, sums, stats, have_old, has_ref, timing, tools=worker.tools)
+    line = record(at, everyone, sums, stats, have_old, has_ref, timing, tools=worker.tools,
+                  protocol=worker.protocol)
     return ({**line, **staleness_record(everyone.trajectories, version), **searched, **worker.spent(), **worker.pipeline(timing.step_seconds)},
             samples(at, everyone))
 
@@ -206,11 +210,13 @@ def token_sums(batch: RolloutBatch, is_cap: float) -> torch.Tensor:  # -> [B, le
 
 
 def record(at: StepIndex, scored: Scored, sums: torch.Tensor, stats: UpdateStats, have_old: bool, has_ref: bool,
-           timing: Timing, tools: Sequence[str]) -> dict:
+           timing: Timing, tools: Sequence[str], protocol: Protocol | NativeProtocol | TagSet) -> dict:
     """The step's line of metrics.jsonl from every rollout of the step (`sums`: their
     `token_sums`); `have_old`: the old log-probs were computed; `has_ref`: a reference ran;
-    `tools`: the run's (each gets its `tools/<name>/...` metrics)."""
+    `tools`: the run's (each gets its `tools/<name>/...` metrics); `protocol`: the rollouts' (it
+    reads their reasoning)."""
     trajs, rewards = scored.trajectories, scored.rewards
+    thinking = [think_text(t, protocol) for t in trajs]
     f1 = ANSWER_METRICS.get("f1")
     col = dict(zip(_SUMS, sums.unbind(dim=1)))
     tokens = float(col["policy_tokens"].sum())
@@ -231,10 +237,13 @@ def record(at: StepIndex, scored: Scored, sums: torch.Tensor, stats: UpdateStats
         mn.SEARCHES: _mean(t.n_searches for t in trajs),
         mn.TRUNCATED_DOCUMENTS: _mean(t.truncated_documents for t in trajs),  # blocks cut to fit the context, per rollout
         mn.FORMAT_OK: _mean(r.format_ok for r in rewards),
+        mn.MALFORMED_TAGS: _mean(any(rule in r.failed_rules for rule in TAG_RULES) for r in rewards),
         mn.ANSWER_F1: _mean(f1(t.answer, q.answers) for t, q in zip(trajs, scored.questions)),
         mn.ANSWER_RATE: _mean(t.answer is not None for t in trajs),
         mn.ECHO_RATE: _mean_known(echoes(t.answer, q.question, q.answers, q.type) for t, q in zip(trajs, scored.questions)),
         mn.FLAT_GROUPS: flat_share([r.total for r in rewards], scored.group_ids),
+        mn.THINK_REPEAT_RATE: _mean_known(repeated_ngram_share(x) for x in thinking),
+        mn.THINK_LOOP_RATE: _mean_known(loops(x) for x in thinking),
         mn.RESPONSE_TOKENS: float(col["policy_tokens"].mean()),
         mn.ENV_TOKENS: float((col["response_tokens"] - col["policy_tokens"]).mean()),
         mn.KL: per_token("kl") if have_old and has_ref else None,
