@@ -115,7 +115,7 @@ def test_looping_reasoning_rolls_a_recorded_run_back_before_its_window(tmp_path)
     with (run / "metrics.jsonl").open("w") as fh:
         for step, rate in enumerate(loop_rates, start=1):
             fh.write(json.dumps({"stage": 1, "step": step, "think_loop_rate": rate, "lr": LR}) + "\n")
-            (run / "samples" / f"step_{step:04d}.jsonl").write_text('{"step": %d}\n' % step)
+            (run / "samples" / f"step_{step:04d}.jsonl").write_text(json.dumps({"step": step}) + "\n")
             (run / "checkpoints" / f"step_{step:04d}").mkdir(parents=True)
             (run / "checkpoints" / f"step_{step:04d}" / "trainer_state.json").write_text("{}")
     cfg = HealthConfig(think_repetition={"action": "rollback"})

@@ -30,7 +30,6 @@ from searchrl.runlog import (
     read_metrics,
 )
 
-
 # ------------------------------------------------------------------------------------------------
 # Alarms: a monitor's transition from quiet to firing
 

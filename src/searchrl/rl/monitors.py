@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Sequence
+from itertools import pairwise
 
 from searchrl import metric_names as mn
 from searchrl.rl.health_config import HealthConfig, MonitorConfig
@@ -141,7 +142,7 @@ def rollout_wait(records: Sequence[dict], cfg: MonitorConfig) -> Reading:
     if len(waits) <= cfg.window or any(w is None for w in waits):
         return None, False
     ratio = waits[-1] / max(waits[0], WAIT_FLOOR_S)
-    return ratio, ratio >= cfg.threshold and all(a < b for a, b in zip(waits, waits[1:]))
+    return ratio, ratio >= cfg.threshold and all(a < b for a, b in pairwise(waits))
 
 
 def think_repetition(records: Sequence[dict], cfg: MonitorConfig) -> Reading:
