@@ -74,6 +74,18 @@ def test_a_remote_address_needs_a_key_and_an_unreachable_one_is_named(monkeypatc
         worker_links.RemoteLink(0, f"127.0.0.1:{port}", cfg, queue.Queue())
 
 
+def test_a_served_worker_runs_the_trainer_s_config_with_its_machine_s_placement():
+    trainer_cfg = TrainConfig(seed=11, device="cpu", rollout={"mode": "async", "workers": 2, "worker_cpus": [0, 1],
+                                                             "worker_addresses": ["127.0.0.1:7001"], "k": 4})
+    plain = worker_links.served_config(trainer_cfg, [])
+    assert (plain.seed, plain.rollout.k, plain.device, plain.rollout.worker_cpus) == (11, 4, "cpu", None)
+    assert (plain.rollout.workers, plain.rollout.worker_addresses) == (1, [])  # a server is one worker
+    placed = worker_links.served_config(trainer_cfg, ["device=meta", "rollout.worker_cpus=[1]"])
+    assert (placed.device, placed.rollout.worker_cpus, placed.rollout.k) == ("meta", [1], 4)
+    with pytest.raises(SearchRLError, match=r"overrides \['rollout.k=0'\] do not apply"):
+        worker_links.served_config(trainer_cfg, ["rollout.k=0"])
+
+
 def test_the_idle_clock_counts_the_time_between_a_batch_and_the_next_order(monkeypatch):
     now = [100.0]
     monkeypatch.setattr(worker_links.time, "monotonic", lambda: now[0])

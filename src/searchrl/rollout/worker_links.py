@@ -235,23 +235,33 @@ def serve(listen: str, overrides: list[str]) -> None:
                 _serve_trainer(conn, overrides)
 
 
-def _serve_trainer(conn: Connection, overrides: list[str]) -> None:
+def served_config(trainer_cfg, overrides: list[str]):
+    """The config a served worker runs: the trainer's, as one worker with no placement of the
+    trainer's machine, then this machine's `overrides` (key=value)."""
     from pydantic import ValidationError
 
     from searchrl.config import deep_merge, parse_overrides
     from searchrl.rl.config import TrainConfig
+
+    placement = {"workers": 1, "worker_cpus": None, "worker_devices": None, "worker_addresses": []}
+    data = deep_merge(trainer_cfg.model_dump(mode="json"), {"rollout": placement})
+    try:
+        return TrainConfig.model_validate(deep_merge(data, parse_overrides(overrides)))
+    except ValidationError as e:
+        raise SearchRLError(f"the worker's overrides {overrides} do not apply to the trainer's config: {e}") from None
+
+
+def _serve_trainer(conn: Connection, overrides: list[str]) -> None:
     from searchrl.rollout.async_worker import _Failed, _worker_main
 
     hello = conn.recv()
     if not isinstance(hello, Hello):
         print(f"rollout worker: the peer sent {type(hello).__name__} first, not a trainer's hello; dropped", flush=True)
         return
-    # the trainer's cores mean nothing here: this machine's are the overrides'
-    data = deep_merge(hello.cfg.model_dump(mode="json"), {"rollout": {"worker_cpus": None}})
     try:
-        cfg = TrainConfig.model_validate(deep_merge(data, parse_overrides(overrides)))
-    except (ValidationError, SearchRLError) as e:
-        _Replies(conn).put(_Failed(f"the worker's overrides {overrides} do not apply to the trainer's config: {e}"))
+        cfg = served_config(hello.cfg, overrides)
+    except SearchRLError as e:
+        _Replies(conn).put(_Failed(str(e)))
         return
     folder = Path(tempfile.mkdtemp(prefix="searchrl-worker-weights-"))
     orders: queue.Queue = queue.Queue()
