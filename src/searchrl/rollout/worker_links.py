@@ -254,7 +254,10 @@ def served_config(trainer_cfg, overrides: list[str]):
 def _serve_trainer(conn: Connection, overrides: list[str]) -> None:
     from searchrl.rollout.async_worker import _Failed, _worker_main
 
-    hello = conn.recv()
+    try:
+        hello = conn.recv()
+    except (EOFError, OSError):  # a peer that hung up before saying anything
+        return
     if not isinstance(hello, Hello):
         print(f"rollout worker: the peer sent {type(hello).__name__} first, not a trainer's hello; dropped", flush=True)
         return
