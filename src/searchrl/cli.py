@@ -39,6 +39,8 @@ eval_app = typer.Typer(help="Evaluate models and score prediction files.", no_ar
 app.add_typer(data_app, name="data")
 app.add_typer(index_app, name="index")
 app.add_typer(eval_app, name="eval")
+rollout_app = typer.Typer(help="Rollout workers for asynchronous training on other machines.", no_args_is_help=True)
+app.add_typer(rollout_app, name="rollout")
 
 err_console = Console(stderr=True)
 TAGS_HELP = "protocol.tags: r1searcher or search-r1 (what tiny models follow); default the model profile's (smollm2-135m: search-r1)."
@@ -470,6 +472,17 @@ def train(
     from searchrl.rl.trainer import train_command
 
     train_command(config, list(overrides or []), stage, resume, out, trust_unverified)
+
+
+@rollout_app.command("serve")
+def rollout_serve(
+    overrides: list[str] = typer.Argument(None, help="key=value overrides of the trainer's TrainConfig that hold on this machine only, e.g. device=cuda:1 rollout.worker_cpus=[0,1] retrieval.index=/data/wiki-index."),
+    listen: str = typer.Option(..., "--listen", help="HOST:PORT to wait for trainers on (port 0: a free one, printed). An address other than loopback needs SEARCHRL_WORKER_KEY set, the same as the trainer's."),
+) -> None:
+    """Run a rollout worker that waits for trainers (rollout.worker_addresses), one at a time: it runs each trainer's config and gets its weights over the connection."""
+    from searchrl.rollout.worker_links import serve as serve_rollouts
+
+    serve_rollouts(listen, list(overrides or []))
 
 
 @app.command()

@@ -185,6 +185,9 @@ BUFFER_DEPTH = _metric("buffer_depth", "timing",
                        "Async mode only: batches generated ahead and waiting in the buffer when the step took its own.")
 TRAINER_IDLE_SHARE = _metric("trainer_idle_share", "timing",
                              "Async mode only: share of the step the trainer waited for its batch (0: generation kept ahead of training).")
+GENERATION_IDLE_SHARE = _metric("generation_idle_share", "timing",
+                                "Async mode only: share of the step the rollout workers waited with no order to generate "
+                                "(averaged over the workers; 0: generation never waited for the trainer).")
 TOKENS_PER_S = _metric("tokens_per_s", "timing", "Policy tokens generated per second of the rollout phase.")
 RETRIEVAL_S = _metric("retrieval_s", "timing", "Wall seconds in search (the slowest process's; cache lookups included).")
 RETRIEVAL_CACHE_HIT_RATE = _metric("retrieval_cache_hit_rate", "timing",

@@ -70,7 +70,7 @@ def _kill_worker_after(monkeypatch, version: int) -> None:
     def sync_weights(self, model, v):
         publish(self, model, v)
         if v == version:
-            os.kill(self._proc.pid, signal.SIGKILL)
+            os.kill(self._links[0].proc.pid, signal.SIGKILL)
 
     monkeypatch.setattr(AsyncRollouts, "sync_weights", sync_weights)
 

@@ -177,7 +177,7 @@ def test_every_metric_a_training_step_writes_is_in_the_schema_and_every_entry_is
     from searchrl.rollout.async_worker import AsyncRollouts
 
     # async mode's pipeline metrics, as its rollout source writes them (tests/unit/test_async.py runs one)
-    pipeline = AsyncRollouts.pipeline(SimpleNamespace(_ready={}, _dropped=0, _waited=0.5), 1.0)
+    pipeline = AsyncRollouts.pipeline(SimpleNamespace(_ready={}, _dropped=0, _waited=0.5, _links=[]), 1.0)
     written = set(rl) | set(sft) | set(spent) | set(pipeline)
     assert not {k for k in written if mn.describe(k) is None}, "keys the metric schema does not describe"
     entries = {mn.describe(k).name for k in written}

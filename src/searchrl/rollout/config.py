@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field, field_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from searchrl.config import StrictModel
 from searchrl.rollout.backend import SamplingParams
@@ -40,7 +40,8 @@ class RolloutConfig(StrictModel):
     vllm: VLLMOptions = Field(default_factory=VLLMOptions, description="Engine settings of the vllm backend.")
     mode: Literal["sync", "async"] = Field(
         "sync", description="Training: sync generates each step's rollouts with the weights it then trains (the paper's "
-        "lockstep); async generates them in a rollout worker process of its own while the trainer updates, so "
+        "lockstep); async generates them in rollout worker processes of their own (`workers`, `worker_addresses`) while "
+        "the trainer updates, so "
         "generation and training overlap, at the price of rollouts up to max_staleness policy versions old "
         "(hf backend, one training process; docs/guides/async.md). Ignored outside training.",
     )
@@ -54,11 +55,33 @@ class RolloutConfig(StrictModel):
         1800.0, gt=0, description="Async mode: seconds the trainer waits for a batch from a rollout worker that is still "
         "running before it stops the run as stalled (a worker that exits is noticed at once).",
     )
+    workers: int = Field(
+        1, ge=0, description="Async mode: rollout worker processes started on this machine. Each step's batch is split "
+        "into that many shards of whole question groups (with worker_addresses: one shard per worker, local ones first), "
+        "each sampled with a seed derived from the step's seed and the shard, so a run is reproducible for a given "
+        "number of workers (one worker samples as the sync trainer). 0 = remote workers only (worker_addresses).",
+    )
     worker_cpus: list[int] | None = Field(
-        None, min_length=1, description="Async mode: the CPU cores (numbers as in /proc/cpuinfo) the rollout worker process "
-        "runs on, with as many torch threads; null = the trainer's cores and torch's default threads. On a CPU machine, "
-        "pin the trainer to the other cores (`taskset -c 1 searchrl train ...`) so that generation and updates never "
-        "compete for a core (Linux; docs/guides/async.md). Ignored in sync mode.",
+        None, min_length=1, description="Async mode: the CPU cores (numbers as in /proc/cpuinfo) the local rollout worker "
+        "processes run on, split evenly in the order given (workers=2 and [0,1,2,3]: [0,1] and [2,3]), each with as many "
+        "torch threads; null = the trainer's cores and torch's default threads. On a CPU machine, pin the trainer to the "
+        "other cores (`taskset -c 1 searchrl train ...`) so that generation and updates never compete for a core "
+        "(Linux; docs/guides/async.md). Ignored in sync mode.",
+    )
+    worker_devices: list[str] | None = Field(
+        None, min_length=1, description="Async mode: the device of each local rollout worker, one per worker "
+        "(e.g. [cuda:1, cuda:2] beside a trainer on cuda:0); null = the run's `device` for every worker.",
+    )
+    worker_addresses: list[str] = Field(
+        default_factory=list, description="Async mode: host:port of rollout workers started elsewhere with `searchrl "
+        "rollout serve --listen HOST:PORT`, used besides the `workers` local ones. They get the trainer's config and "
+        "each policy version's weights over the connection (no shared filesystem needed). The connection is "
+        "authenticated with the key in the SEARCHRL_WORKER_KEY environment variable, the same on both sides; an "
+        "address other than loopback needs one (docs/guides/async.md).",
+    )
+    worker_connect_s: float = Field(
+        60.0, gt=0, description="Async mode: seconds the trainer keeps retrying to reach each of worker_addresses "
+        "before it stops the run naming the address.",
     )
     max_searches: int = Field(
         8, ge=0, le=MAX_SEARCHES, description=f"Searches served per rollout (at most {MAX_SEARCHES}); the next query ends it (max_searches)."
@@ -96,6 +119,27 @@ class RolloutConfig(StrictModel):
         if v is not None and (min(v) < 0 or len(set(v)) != len(v)):
             raise ValueError(f"worker_cpus lists distinct core numbers from 0 (got {v})")
         return v
+
+    @field_validator("worker_addresses")
+    @classmethod
+    def _addresses(cls, v: list[str]) -> list[str]:
+        for address in v:
+            host, _, port = address.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"worker_addresses: {address!r} is not host:port (e.g. 10.0.0.2:7001)")
+        return v
+
+    @model_validator(mode="after")
+    def _workers(self) -> RolloutConfig:
+        if self.workers == 0 and not self.worker_addresses and self.mode == "async":
+            raise ValueError("rollout.workers=0 leaves no rollout worker: give rollout.worker_addresses, or workers >= 1")
+        if self.worker_cpus and (self.workers == 0 or len(self.worker_cpus) % self.workers):
+            raise ValueError(f"rollout.worker_cpus={self.worker_cpus} cannot be split evenly across rollout.workers="
+                             f"{self.workers} local workers: list a multiple of {max(self.workers, 1)} cores, or unset it")
+        if self.worker_devices is not None and len(self.worker_devices) != self.workers:
+            raise ValueError(f"rollout.worker_devices lists {len(self.worker_devices)} devices for rollout.workers="
+                             f"{self.workers}: give one device per local worker, or unset it")
+        return self
 
     @field_validator("tool_budgets")
     @classmethod

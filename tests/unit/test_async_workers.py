@@ -1,0 +1,162 @@
+"""Several rollout workers (`rollout.workers`, `rollout.worker_addresses`) on the tiny-random model:
+an order splits into whole question groups with seeds of their own; two local workers train
+reproducibly and two remote servers give the same run; a dead or unreachable worker stops the
+run naming it; `generation_idle_share` measures the workers' time without an order."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_async import _assert_close, _learning, _run
+from test_trainer import _weights, max_change
+
+from searchrl import metric_names as mn
+from searchrl.data.types import Question
+from searchrl.errors import SearchRLError
+from searchrl.rl.checkpoint import latest_checkpoint
+from searchrl.rl.config import TrainConfig
+from searchrl.rollout import worker_links
+from searchrl.rollout.async_worker import AsyncRollouts, Order, shards, worker_configs
+from searchrl.runlog import read_metrics
+
+STALE = ("rollout.mode=async", "rollout.max_staleness=1")
+
+
+def test_an_order_splits_into_whole_groups_in_question_order_with_seeds_of_their_own():
+    questions = [Question(f"q{i}", f"question {i}", [f"a{i}"]) for i in range(5)]
+    order = Order(step=4, questions=questions, n=3, seed=1234, version=2)
+    two = shards(order, 2)
+    assert [[q.id for q in s.questions] for s in two] == [["q0", "q1", "q2"], ["q3", "q4"]]
+    assert all((s.step, s.n, s.version) == (4, 3, 2) for s in two)
+    assert two[0].seed == 1234 and two[1].seed != 1234  # shard 0 keeps the order's: one worker samples as sync
+    assert [s.seed for s in shards(order, 2)] == [s.seed for s in two]  # a function of (seed, shard)
+    assert [s.seed for s in shards(order, 3)][:2] == [s.seed for s in two]
+    assert shards(order, 1) == [order]
+    sizes = [len(s.questions) for s in shards(Order(1, questions[:1], 2, 7, 0), 3)]
+    assert sizes == [1, 0, 0]  # fewer questions than workers: the others get nothing to do
+
+
+def test_local_workers_share_the_cores_and_devices_given():
+    cfg = TrainConfig(rollout={"mode": "async", "workers": 2, "worker_cpus": [3, 1, 2, 0], "worker_devices": ["cpu", "meta"]})
+    placed = worker_configs(cfg)
+    assert [c.rollout.worker_cpus for c in placed] == [[3, 1], [2, 0]]
+    assert [c.device for c in placed] == ["cpu", "meta"]
+    assert [c.device for c in worker_configs(TrainConfig(device="cpu", rollout={"mode": "async", "workers": 3}))] == ["cpu"] * 3
+
+
+def test_worker_settings_that_cannot_hold_are_refused():
+    with pytest.raises(ValueError, match=r"worker_cpus=\[0, 1, 2\] cannot be split evenly across rollout.workers=2"):
+        TrainConfig(rollout={"mode": "async", "workers": 2, "worker_cpus": [0, 1, 2]})
+    with pytest.raises(ValueError, match="lists 1 devices for rollout.workers=2"):
+        TrainConfig(rollout={"mode": "async", "workers": 2, "worker_devices": ["cuda:1"]})
+    with pytest.raises(ValueError, match="workers=0 leaves no rollout worker"):
+        TrainConfig(rollout={"mode": "async", "workers": 0})
+    with pytest.raises(ValueError, match="'node7' is not host:port"):
+        TrainConfig(rollout={"mode": "async", "worker_addresses": ["node7"]})
+
+
+def test_a_remote_address_needs_a_key_and_an_unreachable_one_is_named(monkeypatch):
+    monkeypatch.delenv(worker_links.KEY_ENV, raising=False)
+    with pytest.raises(SearchRLError, match="10.0.0.2 is not a loopback address.*SEARCHRL_WORKER_KEY"):
+        worker_links.authkey("10.0.0.2", "rollout.worker_addresses 10.0.0.2:7001")
+    assert worker_links.authkey("127.0.0.1", "x") is None
+    monkeypatch.setenv(worker_links.KEY_ENV, "s3cret")
+    assert worker_links.authkey("10.0.0.2", "x") == b"s3cret"
+    port = _free_port()
+    cfg = TrainConfig(rollout={"mode": "async", "workers": 0, "worker_addresses": [f"127.0.0.1:{port}"], "worker_connect_s": 1.5})
+    with pytest.raises(SearchRLError, match=rf"cannot reach the rollout worker at 127.0.0.1:{port} .* after [23] tries"):
+        worker_links.RemoteLink(0, f"127.0.0.1:{port}", cfg, queue.Queue())
+
+
+def test_a_served_worker_runs_the_trainer_s_config_with_its_machine_s_placement():
+    trainer_cfg = TrainConfig(seed=11, device="cpu", rollout={"mode": "async", "workers": 2, "worker_cpus": [0, 1],
+                                                             "worker_addresses": ["127.0.0.1:7001"], "k": 4})
+    plain = worker_links.served_config(trainer_cfg, [])
+    assert (plain.seed, plain.rollout.k, plain.device, plain.rollout.worker_cpus) == (11, 4, "cpu", None)
+    assert (plain.rollout.workers, plain.rollout.worker_addresses) == (1, [])  # a server is one worker
+    placed = worker_links.served_config(trainer_cfg, ["device=meta", "rollout.worker_cpus=[1]"])
+    assert (placed.device, placed.rollout.worker_cpus, placed.rollout.k) == ("meta", [1], 4)
+    with pytest.raises(SearchRLError, match=r"overrides \['rollout.k=0'\] do not apply"):
+        worker_links.served_config(trainer_cfg, ["rollout.k=0"])
+
+
+def test_the_idle_clock_counts_the_time_between_a_batch_and_the_next_order(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(worker_links.time, "monotonic", lambda: now[0])
+    clock = worker_links.IdleClock()  # idle from 100
+    now[0] = 102.0
+    clock.sent()  # busy from 102
+    now[0] = 103.0
+    clock.sent()  # a second order in hand: still busy
+    now[0] = 105.0
+    clock.received()
+    now[0] = 106.0
+    clock.received()  # idle again from 106
+    assert clock.busy == 0
+    assert clock.idle_within(101.0, 108.0) == pytest.approx(1.0 + 2.0)
+    assert clock.idle_within(104.0, 108.0) == pytest.approx(2.0)  # the interval before 104 is forgotten
+    assert clock.idle_within(90.0, 108.0) == pytest.approx(2.0)
+
+
+def test_two_local_workers_train_reproducibly_and_two_remote_servers_give_the_same_run(world, tmp_path, varied_rewards, monkeypatch):
+    two = _run(world, tmp_path / "two", *STALE, "rollout.workers=2")
+    again = _run(world, tmp_path / "again", *STALE, "rollout.workers=2")
+    records = read_metrics(two)
+    assert any(r[mn.PG_LOSS] != 0 for r in records)  # the runs did learn
+    assert [r[mn.STALENESS_MAX] for r in records] == [0, 1, 1, 0]
+    assert all(0 <= r[mn.GENERATION_IDLE_SHARE] <= 1 for r in records)
+    _assert_close(_learning(two), _learning(again))
+    final = latest_checkpoint(two).name
+    assert max_change(_weights(two / "checkpoints" / final), _weights(again / "checkpoints" / final)) <= 1e-6
+
+    monkeypatch.setenv(worker_links.KEY_ENV, "test-key")  # the trainer's; the servers get it in their environment
+    servers = [_start_server(tmp_path / f"server{i}.log") for i in range(2)]
+    try:
+        remote = _run(world, tmp_path / "remote", *STALE, "rollout.workers=0",
+                      f"rollout.worker_addresses=[{servers[0][1]}, {servers[1][1]}]")
+    finally:
+        for proc, _ in servers:
+            proc.kill()
+            proc.wait(timeout=30)
+    _assert_close(_learning(two), _learning(remote))
+    assert max_change(_weights(two / "checkpoints" / final), _weights(remote / "checkpoints" / final)) <= 1e-6
+
+
+def test_a_killed_worker_among_two_stops_the_run_naming_it(world, tmp_path, monkeypatch):
+    publish = AsyncRollouts.sync_weights
+
+    def sync_weights(self, model, v):
+        publish(self, model, v)
+        if v == 1:
+            os.kill(self._links[1].proc.pid, signal.SIGKILL)
+
+    monkeypatch.setattr(AsyncRollouts, "sync_weights", sync_weights)
+    with pytest.raises(SearchRLError, match=r"rollout worker process searchrl-rollout-worker-1 \(pid \d+\) exited with code -9 .*--resume"):
+        _run(world, tmp_path / "killed", *STALE, "rollout.workers=2")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_server(log: Path) -> tuple[subprocess.Popen, str]:
+    """`searchrl rollout serve` on a free loopback port, in a process of its own: (process, address)."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root / "src"), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "searchrl", "rollout", "serve", "--listen", "127.0.0.1:0"],
+                            stdout=subprocess.PIPE, stderr=log.open("w"), text=True, env=env)
+    line = proc.stdout.readline()
+    if "listening on" not in line:
+        proc.kill()
+        raise AssertionError(f"the rollout server did not start: {line!r}; {log.read_text()}")
+    return proc, line.split("listening on ")[1].strip()
