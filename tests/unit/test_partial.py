@@ -1,7 +1,8 @@
 """Partial rollouts (`rollout.partial: continue`) on the tiny-random model: weights that change
 between two rounds of live sequences (the hf backend prefills them again), the engine's
 `between_rounds` hook recording each token's policy version, and the async worker's side of it
-(the newest published version, read from its file). `finish` (no hook) leaves everything as it was."""
+(the newest published version, read from its file), and a whole async run with `continue`.
+`finish` (no hook) leaves everything as it was (tests/unit/test_async.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import copy
 
 import pytest
 import torch
+from test_async import _run
 from test_rollout import PASSAGES, QUESTIONS, WordRetriever, assert_matches_recompute, prompts_for
 
+from searchrl import metric_names as mn
 from searchrl.agent import Agent
 from searchrl.assets import load_model
 from searchrl.protocol import Protocol
@@ -24,6 +27,7 @@ from searchrl.rollout.engine import RolloutEngine
 from searchrl.rollout.hf_backend import HFBackend
 from searchrl.rollout.weights import latest_published, named_weights, publish
 from searchrl.rollout.worker import RolloutWorker
+from searchrl.runlog import read_metrics
 from searchrl.tags import SEARCH_R1_TAGS, format_documents
 
 
@@ -115,3 +119,12 @@ def test_continue_is_refused_with_a_round_quorum_below_1():
         TrainConfig(rollout={"mode": "async", "partial": "continue", "round_quorum": 0.5})
     TrainConfig(rollout={"mode": "async", "partial": "continue"})
     TrainConfig(rollout={"mode": "async", "partial": "finish", "round_quorum": 0.5})
+
+
+def test_an_async_run_with_continue_trains_within_its_staleness(world, tmp_path, varied_rewards):
+    run = _run(world, tmp_path / "continue", "rollout.mode=async", "rollout.max_staleness=1", "rollout.partial=continue")
+    records = read_metrics(run)
+    assert len(records) == 4 and any(r[mn.PG_LOSS] != 0 for r in records)
+    # however the processes were timed, no rollout is older than max_staleness and none was dropped
+    assert all(r[mn.STALENESS_MAX] <= 1 and r[mn.DROPPED_GROUPS] == 0 for r in records)
+    assert records[0][mn.STALENESS_MAX] == 0  # the first batch: nothing newer than the start weights yet
