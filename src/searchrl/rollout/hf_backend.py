@@ -25,10 +25,11 @@ How the cache is laid out (the part that makes search rounds cheap):
 Weights that change while sequences are live (`load_weights` between two rounds: partial
 rollouts, docs/guides/async.md): the cached keys/values were computed by the old weights, so they
 are dropped and each live sequence's whole token list is prefilled again by the next `generate`
-(rows with identical lists share one prefill). Every later token is then sampled from, and its log-prob is, exactly the
-new policy given the whole prefix: what the trainer recomputes, and what vLLM does too (its prefix
-cache is reset). Keeping the old cache would save one prefill per sequence per new version, but
-sample from a mixture of the two versions that no policy the loss can name reproduces.
+(rows with identical lists share one prefill). Every later token is then sampled from, and its
+log-prob is, exactly the new policy given the whole prefix: what the trainer recomputes, and what
+vLLM does too (its prefix cache is reset). Keeping the old cache would save one prefill per
+sequence per new version, but sample from a mixture of the two versions that no policy the loss
+can name reproduces.
 
 Log-probs: `log_softmax(logits / temperature)` of the sampled token over the FULL vocabulary, i.e.
 before top-p truncation. That is the quantity the trainer recomputes from the same logits, so
