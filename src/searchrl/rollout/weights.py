@@ -71,7 +71,8 @@ def read_published(folder: Path, version: int) -> Iterator[tuple[str, torch.Tens
     from safetensors import safe_open
 
     with safe_open(str(published_path(folder, version)), framework="pt") as f:
-        for name in f.keys():
+        names = f.keys()  # a safe_open handle has keys() but is not iterable
+        for name in names:
             yield name, f.get_tensor(name)
 
 
