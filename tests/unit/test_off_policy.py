@@ -54,7 +54,7 @@ def test_trajectories_save_their_policy_version_and_old_files_load_as_zero():
 
 def test_rollout_worker_stamps_the_version_of_the_weights_it_last_received():
     trajs = [_traj("q", [1], [2], [1]), _traj("q", [1], [3], [1])]
-    engine = SimpleNamespace(cfg=RolloutConfig(), run=lambda qs, n, progress: trajs,
+    engine = SimpleNamespace(cfg=RolloutConfig(), run=lambda qs, n, progress, between_rounds: trajs,
                              backend=SimpleNamespace(sync_weights=lambda model: None), retriever=None)
     agent = SimpleNamespace(engine=engine, retriever=SimpleNamespace(usage=lambda: None, counts=lambda: RetrievalCounts()))
     worker = RolloutWorker(agent, contextlib.nullcontext, version=2)

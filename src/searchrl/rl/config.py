@@ -217,9 +217,13 @@ class TrainConfig(AgentConfig):
         if self.rollout.greedy:
             raise ValueError("rollout.greedy must be false for training: a group of identical samples has no baseline signal")
         if self.rollout.mode == "async":
-            if self.rollout.backend != "hf":
-                raise ValueError(f"rollout.mode=async runs the hf backend in a worker process; rollout.backend={self.rollout.backend} "
-                                 "is not supported there yet: set rollout.backend=hf or rollout.mode=sync")
+            if self.rollout.backend not in ("hf", "vllm"):
+                raise ValueError(f"rollout.mode=async runs the hf or vllm backend in a worker process; rollout.backend="
+                                 f"{self.rollout.backend} is not supported there: set rollout.backend=hf or vllm, or rollout.mode=sync")
+            if self.rollout.partial == "continue" and self.rollout.round_quorum < 1:
+                raise ValueError(f"rollout.partial=continue swaps weights between rounds, when no rollout is generating; with "
+                                 f"rollout.round_quorum={self.rollout.round_quorum:g} some always are: set rollout.round_quorum=1 "
+                                 "or rollout.partial=finish")
             sft = [f"stage{n}" for n in (1, 2) if self.stage(n).enabled and self.stage(n).kind == "sft"]
             if sft:
                 raise ValueError(f"rollout.mode=async overlaps rollouts with updates, but {', '.join(sft)} is an sft stage "

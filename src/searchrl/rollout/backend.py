@@ -21,17 +21,23 @@ later `generate` call, which returns its whole continuation when it stops.
 
 Weights: a trainer that updates the policy calls `sync_weights(model)` after every optimizer
 step, and may wrap the update in `sleep()` / `wake()` so a backend on the same device frees its
-memory meanwhile.
+memory meanwhile. A rollout worker in another process loads each published version as
+(checkpoint name, tensor) pairs (`load_weights`), possibly between two rounds of live sequences
+(partial rollouts): their keys/values so far came from the old weights, and the backends compute
+them again with the new ones, so what each token is sampled from is exactly one policy.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from searchrl.registry import Registry
+
+if TYPE_CHECKING:
+    import torch
 
 FinishReason = Literal["stop", "eos", "length", "pending"]
 
@@ -180,6 +186,12 @@ class GenerationBackend(ABC):
     def sync_weights(self, model) -> None:
         """Generate with `model`'s current weights from now on (`model`: the trainer's
         `nn.Module`). Called after every optimizer update, between rollouts."""
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Generate with these (checkpoint name, tensor) weights from now on (as `save_pretrained`
+        names them, `rollout.weights.named_weights`). Live sequences keep their tokens; the next
+        `generate` conditions on them with the new weights. Called with no sequence generating."""
+        raise NotImplementedError(f"{type(self).__name__} cannot load published weights; use the hf or vllm backend")
 
     def sleep(self) -> None:
         """Free accelerator memory the backend holds between rollouts (a KV cache) while the

@@ -43,13 +43,22 @@ class RolloutConfig(StrictModel):
         "lockstep); async generates them in rollout worker processes of their own (`workers`, `worker_addresses`) while "
         "the trainer updates, so "
         "generation and training overlap, at the price of rollouts up to max_staleness policy versions old "
-        "(hf backend, one training process; docs/guides/async.md). Ignored outside training.",
+        "(hf or vllm backend, one training process; docs/guides/async.md). Ignored outside training.",
     )
     max_staleness: int = Field(
         1, ge=0, description="Async mode: how many policy versions behind the update that trains on it a rollout may be. "
         "The worker starts a step's batch only once the trainer has published the weights that far back (admission "
         "control: nothing generated is thrown away); 0 is the synchronous trainer exactly, 1 overlaps one step's "
         "generation with the previous step's update. More overlap, more off-policy drift (algorithm.off_policy corrects it).",
+    )
+    partial: Literal["finish", "continue"] = Field(
+        "finish", description="Async mode: what a rollout in flight does when the trainer publishes new weights. finish: "
+        "it ends with the weights it started with, so a whole batch comes from the version its order names; a seed and "
+        "version then give the same batch however the worker and trainer are timed, and a resumed run equals an "
+        "uninterrupted one. continue: the worker takes the newest published version between rounds (after tool results "
+        "are inserted, before generation resumes), so long rollouts lag less; every token records the version that "
+        "sampled it (token_versions), a rollout's policy_version (staleness) is its oldest token's, and the run depends "
+        "on timing. Needs round_quorum 1. Ignored in sync mode.",
     )
     worker_timeout_s: float = Field(
         1800.0, gt=0, description="Async mode: seconds the trainer waits for a batch from a rollout worker that is still "

@@ -38,6 +38,14 @@ cut at a token boundary (never inside a character). The trajectory counts its cu
 rollout stops with `context_full`. A block that fits is inserted exactly as without a limit.
 Tool-call results that do not fit are shortened alike (each result's text cut to one length and
 marked), counted the same way; when not even empty results fit, the rollout stops there.
+
+Partial rollouts (`run(..., between_rounds=...)`; asynchronous training's `rollout.partial:
+continue`, docs/guides/async.md): the engine calls `between_rounds()` before each round's
+generation, i.e. after the previous round's results are inserted and while no sequence is
+generating. It may swap the backend's weights (`GenerationBackend.load_weights`) and returns the
+policy version generating from then on. Each token records that version (an inserted block the
+version of the round that called for it): `Trajectory.token_versions` when a rollout saw more than
+one, and `policy_version` is its oldest. Where the weights come from is the caller's business.
 """
 
 from __future__ import annotations
@@ -45,7 +53,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from searchrl.data.trajectory import Segment, Trajectory
@@ -97,6 +105,8 @@ class _Rollout:
     used: dict[str, int] = field(default_factory=dict)  # calls admitted per tool (budgets)
     spent_turns: int = 0  # turns whose every call was over its budget
     messages: list = field(default_factory=list)  # tool calls: the conversation so far
+    version: int | None = None  # partial rollouts: the policy version generating now
+    versions: list[int] = field(default_factory=list)  # partial rollouts: per token, its version
     gen_s: float = 0.0
     ret_s: float = 0.0
 
@@ -122,6 +132,8 @@ class _Rollout:
         self.token_ids.extend(ids)
         self.loss_mask.extend([1 if source == "policy" else 0] * len(ids))
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+        if self.version is not None:
+            self.versions.extend([self.version] * len(ids))
         if self.runs and self.runs[-1][0] == source and source == "policy":
             self.runs[-1][1].extend(ids)
         else:
@@ -168,10 +180,16 @@ class RolloutEngine:
         prompts: Sequence[str] | None = None,
         n: int | None = None,
         progress: bool = False,
+        between_rounds: Callable[[], int] | None = None,
     ) -> list[Trajectory]:
         """`n` rollouts per question (default `cfg.samples_per_question`), question-major:
-        [q0 s0, q0 s1, ..., q1 s0, ...]. `prompts` default to the protocol's template."""
+        [q0 s0, q0 s1, ..., q1 s0, ...]. `prompts` default to the protocol's template.
+        `between_rounds`: partial rollouts (module docstring); then every trajectory carries its
+        policy versions."""
         n = n or self.cfg.samples_per_question
+        if between_rounds is not None and self.cfg.round_quorum < 1:
+            raise ValueError("weights can change between rounds only when no sequence is generating: "
+                             f"set rollout.round_quorum=1 (got {self.cfg.round_quorum}) for partial rollouts")
         prompt_ids = self.prompt_ids(questions, prompts)
         items = [(q, ids) for q, ids in zip(questions, prompt_ids) for _ in range(n)]
         out: list[Trajectory] = []
@@ -181,7 +199,7 @@ class RolloutEngine:
 
             bar = tqdm(total=len(items), desc="rollouts", unit="seq")
         for start in range(0, len(items), self.cfg.batch_size):
-            out.extend(self._run_batch(items[start : start + self.cfg.batch_size], bar))
+            out.extend(self._run_batch(items[start : start + self.cfg.batch_size], bar, between_rounds))
         if bar is not None:
             bar.close()
         return out
@@ -251,7 +269,7 @@ class RolloutEngine:
                 )
 
     # ---------------------------------------------------------------------------------------------
-    def _run_batch(self, items, bar) -> list[Trajectory]:
+    def _run_batch(self, items, bar, between_rounds: Callable[[], int] | None) -> list[Trajectory]:
         cfg, be = self.cfg, self.backend
         limit = be.max_context
         rollouts = [_Rollout(q, list(ids), cfg.max_new_tokens, math.inf if limit is None else limit) for q, ids in items]
@@ -263,6 +281,10 @@ class RolloutEngine:
         active = list(range(len(rollouts)))
         try:
             while active:
+                if between_rounds is not None:
+                    version = between_rounds()
+                    for i in active:
+                        rollouts[i].version = version
                 turn = cfg.max_tokens_per_turn or cfg.max_new_tokens
                 t0 = time.perf_counter()
                 # The budget never reaches past the context: no position beyond the model's is fed.
@@ -461,6 +483,10 @@ class RolloutEngine:
                 text_ids = ids[:-1] if ids and ids[-1] in eos and r.stop_reason == "eos" and ids is r.runs[-1][1] else ids
             if text_ids:
                 segments.append(Segment(self.backend.decode(text_ids), "policy"))
+        versions = {}
+        if r.version is not None:  # partial rollouts: staleness counts from the oldest token
+            mixed = len(set(r.versions)) > 1
+            versions = {"policy_version": min(r.versions, default=r.version), "token_versions": r.versions if mixed else []}
         return Trajectory(
             question_id=r.question.id,
             question=r.question.question,
@@ -478,4 +504,5 @@ class RolloutEngine:
             truncated_documents=r.truncated_documents,
             tool_calls=r.tool_calls,
             timing={"generation_s": r.gen_s, "retrieval_s": r.ret_s, **{f"tools/{n}_s": v for n, v in r.tool_s.items()}},
+            **versions,
         )

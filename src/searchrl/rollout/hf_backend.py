@@ -22,6 +22,15 @@ How the cache is laid out (the part that makes search rounds cheap):
   group. The next call merges the groups it needs back into one batch (left-padding the shorter
   ones with holes) and drops released rows. Leading columns that are holes in every row are cut.
 
+Weights that change while sequences are live (`load_weights` between two rounds: partial
+rollouts, docs/guides/async.md): the cached keys/values were computed by the old weights, so they
+are dropped and each live sequence's whole token list is prefilled again by the next `generate`
+(rows with identical lists share one prefill). Every later token is then sampled from, and its
+log-prob is, exactly the new policy given the whole prefix: what the trainer recomputes, and what
+vLLM does too (its prefix cache is reset). Keeping the old cache would save one prefill per
+sequence per new version, but sample from a mixture of the two versions that no policy the loss
+can name reproduces.
+
 Log-probs: `log_softmax(logits / temperature)` of the sampled token over the FULL vocabulary, i.e.
 before top-p truncation. That is the quantity the trainer recomputes from the same logits, so
 old/new ratios compare like with like; the top-p renormalisation is a property of the sampler, not
@@ -57,6 +66,7 @@ __all__ = ["HFBackend", "plan_buckets", "sample_tokens"]
 class _Seq:
     params: SamplingParams
     pending: list[int]  # tokens not yet fed to the model
+    ids: list[int]  # every token of the sequence: the n_fed fed ones, then `pending`
     n_fed: int = 0  # real tokens in the cache = position id of the next fed token
     tail: list[int] = field(default_factory=list)  # recent policy tokens since the last append
 
@@ -136,7 +146,7 @@ class HFBackend(GenerationBackend):
         for ids in prompts:
             if len(ids) == 0:
                 raise ValueError("a prompt has no tokens; every sequence needs at least one")
-            self._seqs[self._next_handle] = _Seq(params, list(ids))
+            self._seqs[self._next_handle] = _Seq(params, list(ids), list(ids))
             handles.append(self._next_handle)
             self._next_handle += 1
         return handles
@@ -145,6 +155,7 @@ class HFBackend(GenerationBackend):
         for h, ids in zip(handles, token_ids, strict=True):
             seq = self._seq(h)
             seq.pending.extend(ids)
+            seq.ids.extend(ids)
             seq.tail = []  # a stop string never spans an insertion
 
     def release(self, handles: Sequence[int]) -> None:
@@ -164,10 +175,18 @@ class HFBackend(GenerationBackend):
         merge) are copied in by name."""
         if model is self.model:
             return
+        self.load_weights(named_weights(model))
+
+    def load_weights(self, weights) -> None:
+        """Copy (checkpoint name, tensor) pairs into the model by name; live sequences are
+        prefilled again with them (module docstring)."""
         params = dict(self.model.named_parameters())
         with torch.no_grad():
-            for name, w in named_weights(model):
+            for name, w in weights:
                 params[name].copy_(w)
+        self._group_of.clear()  # the groups' caches hold the old weights' keys/values
+        for seq in self._seqs.values():
+            seq.pending, seq.n_fed = list(seq.ids), 0
 
     def _length(self, h: int) -> int:
         """Tokens of sequence `h`: those fed and those waiting to be."""
@@ -233,6 +252,7 @@ class HFBackend(GenerationBackend):
                 out, seq, t = results[h], self._seqs[h], tok_list[i]
                 out.token_ids.append(t)
                 out.logprobs.append(lp_list[i])
+                seq.ids.append(t)
                 self.stats.generated_tokens += 1
                 seq.tail.append(t)
                 if window and len(seq.tail) > window:

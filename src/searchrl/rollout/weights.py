@@ -1,6 +1,7 @@
 """A policy's weights as (checkpoint name, tensor) pairs: what a rollout engine of its own loads
 after every update (`GenerationBackend.sync_weights`), or, for a rollout worker in another
-process, reads from a versioned file the trainer publishes (`publish`, `load_published`)."""
+process, reads from a versioned file the trainer publishes (`publish`, `read_published`) and hands
+to its backend (`GenerationBackend.load_weights`)."""
 
 from __future__ import annotations
 
@@ -64,11 +65,19 @@ def publish(model: torch.nn.Module, folder: Path, version: int) -> Path:
     return path
 
 
-def load_published(model: torch.nn.Module, folder: Path, version: int) -> None:
-    """Copy policy `version`, as `publish` wrote it, into `model` (same architecture), by name."""
-    from safetensors.torch import load_file
+def read_published(folder: Path, version: int) -> Iterator[tuple[str, torch.Tensor]]:
+    """Policy `version`, as `publish` wrote it: (checkpoint name, tensor) pairs, read one at a
+    time (what `GenerationBackend.load_weights` takes; no model is built to read them)."""
+    from safetensors import safe_open
 
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for name, w in load_file(str(published_path(folder, version))).items():
-            params[name].copy_(w)
+    with safe_open(str(published_path(folder, version)), framework="pt") as f:
+        names = f.keys()  # a safe_open handle has keys() but is not iterable
+        for name in names:
+            yield name, f.get_tensor(name)
+
+
+def latest_published(folder: Path) -> int | None:
+    """The newest version published in `folder` (None when there is none). A file is there only
+    once complete (`publish` renames it into place)."""
+    versions = [int(p.stem.split("-")[1]) for p in folder.glob("weights-*.safetensors")]
+    return max(versions, default=None)

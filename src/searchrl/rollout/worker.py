@@ -15,6 +15,7 @@ Every trajectory it returns carries the policy version of the weights that sampl
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 from searchrl import metric_names as mn
 from searchrl.agent import Agent, build_agent, load_backend
@@ -80,14 +81,17 @@ class RolloutWorker:
         """No pipeline metrics: generation and training take turns."""
         return {}
 
-    def collect(self, questions: list[Question], n: int, seed: int, progress: bool = False) -> list[Trajectory]:
+    def collect(self, questions: list[Question], n: int, seed: int, progress: bool = False,
+                between_rounds: Callable[[], int] | None = None) -> list[Trajectory]:
         """`n` rollouts per question, question-major, sampled with `seed`, each stamped with the
-        policy version of the worker's weights."""
+        policy version of the worker's weights. `between_rounds`: partial rollouts, whose weights
+        may change between rounds (`RolloutEngine.run`); the engine stamps their versions."""
         self.engine.cfg = self.cfg.model_copy(update={"seed": seed, "samples_per_question": n})
         with self.precision():
-            trajectories = self.engine.run(questions, n=n, progress=progress)
-        for t in trajectories:
-            t.policy_version = self.version
+            trajectories = self.engine.run(questions, n=n, progress=progress, between_rounds=between_rounds)
+        if between_rounds is None:
+            for t in trajectories:
+                t.policy_version = self.version
         return trajectories
 
     def spent(self) -> dict[str, float]:
