@@ -4,6 +4,7 @@ worker that dies stops the run with a clear error, and `--resume` loses no updat
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 
@@ -14,9 +15,11 @@ from searchrl import metric_names as mn
 from searchrl.config import load_config
 from searchrl.errors import SearchRLError
 from searchrl.rl import trainer
-from searchrl.rollout.async_worker import AsyncRollouts
+from searchrl.rl.async_ranks import AHEAD_FILE
 from searchrl.rl.checkpoint import latest_checkpoint
 from searchrl.rl.config import TrainConfig
+from searchrl.rl.integrity import CHECKSUMS
+from searchrl.rollout.async_worker import AsyncRollouts
 from searchrl.runlog import read_metrics
 
 PIPELINE = (mn.BUFFER_DEPTH, mn.DROPPED_GROUPS, mn.TRAINER_IDLE_SHARE)
@@ -98,3 +101,16 @@ def test_staleness_1_overlaps_and_a_killed_worker_resumes_without_losing_an_upda
     _assert_close(_learning(full), _learning(crashed))
     final = latest_checkpoint(full).name
     assert max_change(_weights(full / "checkpoints" / final), _weights(crashed / "checkpoints" / final)) <= 1e-6
+
+    # Mid-stage: the checkpoint of step 1 holds version 1, but step 2's batch is version 0's. It
+    # is kept in the checkpoint (and its checksums), and the resumed run trains on it.
+    mid = tmp_path / "mid"
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        _run(world, mid, *stale, "debug_crash_after_step=2")
+    first = mid / "checkpoints" / "step_0001"
+    assert latest_checkpoint(mid) == first and AHEAD_FILE in json.loads((first / CHECKSUMS).read_text())
+    ahead = json.loads((first / AHEAD_FILE).read_text())
+    assert list(ahead) == ["2"] and {t["policy_version"] for s in ahead["2"]["shares"] for t in s["trajectories"]} == {0}
+    trainer.train(load_config(TrainConfig, str(mid / "config.yaml"), ["debug_crash_after_step=null"]), resume=mid)
+    _assert_close(_learning(full), _learning(mid))
+    assert max_change(_weights(full / "checkpoints" / final), _weights(mid / "checkpoints" / final)) <= 1e-6

@@ -3,7 +3,8 @@
 The runs go through `tests/dist_driver.py`, which generates every question on its own (seeded by
 its id) so both runs sample the same rollouts, and adds a token-dependent term to the reward so
 the random model has something to learn. Stage 1 gets 3 questions per step, so the ranks hold 1
-and 2 groups: unequal micro-batch counts, evened out by idle passes.
+and 2 groups: unequal micro-batch counts, evened out by idle passes. In async mode rank 0's
+rollout worker process generates both ranks' shares (`rl.async_ranks`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from searchrl import metric_names as mn
+from searchrl.rl.async_ranks import AHEAD_FILE
 from searchrl.rl.step import is_timing
 from searchrl.runlog import read_metrics
 
@@ -49,10 +52,10 @@ def _command(nproc: int, *args: str) -> list[str]:
     return [*launcher, str(DRIVER), "train", *args]
 
 
-def _run(nproc: int, dump: Path, *args: str) -> None:
+def _run(nproc: int, dump: Path, *args: str, fails: bool = False) -> None:
     dump.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(_command(nproc, *args), env={**os.environ, "DUMP_DIR": str(dump)}, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (done.returncode != 0) == fails, done.stdout[-3000:] + done.stderr[-3000:]
 
 
 @pytest.fixture(scope="module")
@@ -149,3 +152,57 @@ def test_torchrun_command_logs_the_global_batch_and_exports_a_model_eval_loads(t
                            "--out", str(tmp_path / "eval"), "--json"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert len((tmp_path / "eval" / "predictions.jsonl").read_text().splitlines()) == 2
+
+
+# -- asynchronous rollouts (rollout.mode=async) on 2 ranks: rank 0's worker process, shares scattered
+
+PIPELINE = (mn.BUFFER_DEPTH, mn.DROPPED_GROUPS, mn.TRAINER_IDLE_SHARE)
+
+
+def _async_run(world: Path, out: Path, staleness: int, *extra: str, fails: bool = False) -> None:
+    _run(2, out, *_args(world), "rollout.mode=async", f"rollout.max_staleness={staleness}", *extra,
+                "--out", str(out / "run"), fails=fails)
+
+
+def _without_pipeline(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in PIPELINE} for r in _learning(records)]
+
+
+def _assert_records_close(a: list[dict], b: list[dict], tol: float) -> None:
+    assert len(a) == len(b) and [r.keys() for r in a] == [r.keys() for r in b]
+    for ra, rb in zip(a, b):
+        far = {k: (v, rb[k]) for k, v in ra.items() if (abs(v - rb[k]) > tol if isinstance(v, float) else v != rb[k])}
+        assert not far, (ra["step"], far)
+
+
+def test_two_rank_async_at_staleness_0_equals_the_two_rank_sync_run(world, two_processes, tmp_path):
+    _async_run(world, tmp_path, 0)
+    sync, run = read_metrics(two_processes / "run"), read_metrics(tmp_path / "run")
+    _assert_records_close(_without_pipeline(sync), _without_pipeline(run), 1e-6)
+    assert [r["rollouts"] for r in run] == [6, 6, 4] and any(r["pg_loss"] != 0 for r in run)
+    assert all(r[mn.STALENESS_MAX] == 0 and r[mn.DROPPED_GROUPS] == 0 for r in run)
+    assert all(0 <= r[mn.TRAINER_IDLE_SHARE] <= 1 and r[mn.BUFFER_DEPTH] == 0 for r in run)  # lockstep: nothing ahead
+    # each rank trained on its own share: rank 1's advantages are those of the sync run's rank 1
+    for rank in (0, 1):
+        for a, b in zip(torch.load(two_processes / f"advantages_rank{rank}.pt"), torch.load(tmp_path / f"advantages_rank{rank}.pt")):
+            assert a.shape == b.shape and torch.allclose(a, b, atol=1e-6)
+    w_sync, w_async = _final_weights(two_processes), _final_weights(tmp_path)
+    assert max(float((w_sync[k] - w_async[k]).abs().max()) for k in w_sync) <= 1e-6
+
+
+def test_two_rank_async_at_staleness_1_overlaps_and_resumes_to_the_uninterrupted_end(world, tmp_path):
+    full = tmp_path / "full"
+    _async_run(world, full, 1)
+    records = read_metrics(full / "run")
+    assert [r[mn.STALENESS_MAX] for r in records] == [0, 1, 0]  # each stage's first batch: its start weights
+    assert [r["rollouts"] for r in records] == [6, 6, 4] and all(r[mn.DROPPED_GROUPS] == 0 for r in records)
+
+    crashed = tmp_path / "crashed"
+    _async_run(world, crashed, 1, "debug_crash_after_step=2", fails=True)  # logged step 2, saved step 1
+    assert len(read_metrics(crashed / "run")) == 2
+    first = crashed / "run" / "checkpoints" / "step_0001"
+    assert [p.name for p in sorted(first.parent.glob("step_*"))] == ["step_0001"] and (first / AHEAD_FILE).is_file()
+    _run(2, crashed, "--resume", str(crashed / "run"), "debug_crash_after_step=null")  # step 2's batch: from the checkpoint
+    _assert_records_close(_without_pipeline(records), _without_pipeline(read_metrics(crashed / "run")), 1e-6)
+    w_full, w_resumed = _final_weights(full), _final_weights(crashed)
+    assert max(float((w_full[k] - w_resumed[k]).abs().max()) for k in w_full) <= 1e-6

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -288,10 +289,12 @@ class Actor:
             group["lr"] = self.cfg.algorithm.lr * self.lr_factor(update, stage_steps, per_step)
 
     # -- checkpoints ------------------------------------------------------------------------------
-    def save(self, run_dir: Path, step: int, state: ckpt.TrainerState, export: bool) -> Path:
+    def save(self, run_dir: Path, step: int, state: ckpt.TrainerState, export: bool,
+             also: Callable[[Path], None] | None = None) -> Path:
         """Checkpoint `step` with the optimizer and RNG states. One process writes the model with
         `save_pretrained`; sharded, every rank writes its shards (DCP) and its RNG, and `export`
-        (a stage's end) adds the whole model as a `save_pretrained` folder."""
+        (a stage's end) adds the whole model as a `save_pretrained` folder. `also(folder)`, on
+        every rank, writes the run's other files into the checkpoint (async batches ahead)."""
         if not self.dist.sharded:
             state = dataclasses.replace(state, optimizer=self.optimizer.state_dict())
 
@@ -299,6 +302,8 @@ class Actor:
                 ckpt.save_rank_rng(folder, 0)
                 self.model.save_pretrained(folder)
                 self.tokenizer.save_pretrained(folder)
+                if also is not None:
+                    also(folder)
         else:
             def write(folder: Path) -> None:
                 sharding.save_sharded(folder / ckpt.SHARDED_DIR, self.model, self.optimizer)
@@ -307,4 +312,6 @@ class Actor:
                     sharding.export_full(folder, self.model, self.dist.main)
                 if self.dist.main:
                     self.tokenizer.save_pretrained(folder)
+                if also is not None:
+                    also(folder)
         return ckpt.save_checkpoint(run_dir, step, write, state, self.dist, agent=agent_settings(self.cfg))

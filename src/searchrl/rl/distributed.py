@@ -82,6 +82,14 @@ class Dist:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def scatter(self, objs: list[Any] | None) -> Any:
+        """Rank 0's `objs[r]` on rank r (`objs`: one per rank on rank 0, ignored elsewhere)."""
+        if not self.sharded:
+            return objs[0]
+        box: list[Any] = [None]
+        dist.scatter_object_list(box, objs if self.main else None, src=0)
+        return box[0]
+
     def barrier(self) -> None:
         if self.sharded:
             dist.barrier()

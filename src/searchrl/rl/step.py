@@ -40,7 +40,7 @@ from searchrl.retrieval.querycache import RetrievalCounts
 from searchrl.rewards import RewardBreakdown, compute_reward
 from searchrl.rl.actor import Actor, UpdateStats
 from searchrl.rl.advantages import compute_advantages
-from searchrl.rollout.async_worker import AsyncRollouts
+from searchrl.rl.async_ranks import AsyncRanks
 from searchrl.rl.batch import RolloutBatch, make_batch
 from searchrl.rl.config import StageConfig
 from searchrl.rl.health_signals import echoes, flat_share, loops, repeated_ngram_share
@@ -98,7 +98,7 @@ class Timing:
     step_seconds: float
 
 
-def train_step(actor: Actor, worker: RolloutWorker | AsyncRollouts, stage_cfg: StageConfig, questions: list[Question],
+def train_step(actor: Actor, worker: RolloutWorker | AsyncRanks, stage_cfg: StageConfig, questions: list[Question],
                at: StepIndex, progress: bool = False) -> tuple[dict, list[dict]]:
     """One rollout batch and its policy updates -> (metrics record, sample records)."""
     t0 = time.perf_counter()

@@ -7,7 +7,8 @@ checkpoint) with a fresh optimizer, its own data and reward, as the authors laun
 
 Launched by `torchrun`, every rank runs this same loop: the step's questions are the seeded
 sequence of one process, split across ranks in contiguous whole groups; the policy is sharded
-with FSDP2; rank 0 alone opens the run directory, logs, and writes samples.
+with FSDP2; rank 0 alone opens the run directory, logs, and writes samples. In async mode rank 0's
+rollout worker process generates every rank's share (`searchrl.rl.async_ranks`).
 """
 
 from __future__ import annotations
@@ -28,15 +29,16 @@ from searchrl.profiles import announce
 from searchrl.rl import checkpoint as ckpt
 from searchrl.rl import rollback, rundir
 from searchrl.rl.actor import Actor
-from searchrl.rollout.async_worker import AsyncRollouts, Order
+from searchrl.rl.async_ranks import AsyncRanks
 from searchrl.rl.config import TrainConfig
 from searchrl.rl.distributed import Dist, close_distributed, init_distributed
 from searchrl.rl.health import HealthStop, HealthWatch, report
 from searchrl.rl.preflight import Prepared, preflight
-from searchrl.rollout.worker import RolloutWorker
 from searchrl.rl.sampler import PromptSampler
 from searchrl.rl.sft import sft_step, write_messages
 from searchrl.rl.step import StepIndex, train_step
+from searchrl.rollout.async_worker import Order
+from searchrl.rollout.worker import RolloutWorker
 from searchrl.runlock import RunLock
 from searchrl.runlog import ROLLBACKS_FILE, RunLogger, read_events, read_metrics
 from searchrl.trackers import check_installed
@@ -67,8 +69,6 @@ def _stage_plan(cfg: TrainConfig, stages: list[int] | None) -> list[int]:
 def _check_world(cfg: TrainConfig, plan: list[int], d: Dist, state: ckpt.TrainerState | None, run_dir: Path) -> None:
     """Every rank rolls out at least one whole question group; a sharded run resumes on as many
     ranks and from stage ends that hold a whole-model export. Refused up front otherwise."""
-    if cfg.rollout.mode == "async" and d.world > 1:
-        raise SearchRLError("rollout.mode=async trains in one process for now; launch without torchrun, or set rollout.mode=sync")
     for s in plan:
         if cfg.stage(s).prompts_per_step < d.world:
             raise SearchRLError(f"stage{s}.prompts_per_step={cfg.stage(s).prompts_per_step} is fewer than the {d.world} processes; "
@@ -126,7 +126,10 @@ def _train(cfg: TrainConfig, resume: Path | None, stages: list[int] | None, d: D
                 print(f"{run_dir}: every stage is already complete", flush=True)
             return run_dir
     check_installed(cfg.logging.report_to)  # before any model loads
-    prepared = preflight(cfg, plan[first:], str(state_dir or cfg.model))
+    # A torchrun checkpoint inside a stage holds shards and the tokenizer, no model folder: its
+    # tokenizer and context are the configured model's.
+    whole = state_dir is not None and (state_dir / "config.json").is_file()
+    prepared = preflight(cfg, plan[first:], str(state_dir if whole else cfg.model))
     if d.main:
         announce(cfg)  # after the checks: a rejected config prints its error alone
         dump_config(cfg, run_dir / "config.yaml")  # after the checks: a rejected config never replaces the run's
@@ -138,7 +141,7 @@ def _train(cfg: TrainConfig, resume: Path | None, stages: list[int] | None, d: D
     if state is not None:
         ckpt.set_rng_state(ckpt.load_rng(state_dir, state, d.rank))
         actor.version = state.step  # one update per step: the policy version goes on where it was saved
-    worker = _rollout_source(cfg, actor, prepared)
+    worker = _rollout_source(cfg, actor, prepared, state_dir if state is not None else None)
     sft = [p for s in plan[first:] if cfg.stage(s).kind == "sft" for p in prepared.questions[s]]
     if d.main and sft:  # tool calls: the SFT examples as chat messages, for other trainers
         write_messages(run_dir, worker.engine, sft)
@@ -186,7 +189,7 @@ def _train(cfg: TrainConfig, resume: Path | None, stages: list[int] | None, d: D
                     actor.save(run_dir, step, ckpt.TrainerState(
                         plan=plan, stage=stage, stage_step=k + 1, step=step, data_position=position,
                         metrics_lines=metrics_lines, stage_ends=stage_ends, lora=cfg.algorithm.lora.enabled, world_size=d.world,
-                    ), export=last)
+                    ), export=last, also=worker.write_ahead if isinstance(worker, AsyncRanks) else None)
                     if d.main:
                         keep = rollback.protected_for_rollback(run_dir, step, rollback.rollback_window(cfg.health))
                         ckpt.prune(run_dir, cfg.logging.keep_last, protected=set(stage_ends.values()) | keep)
@@ -206,11 +209,12 @@ def _train(cfg: TrainConfig, resume: Path | None, stages: list[int] | None, d: D
     return run_dir
 
 
-def _rollout_source(cfg: TrainConfig, actor: Actor, prepared: Prepared) -> RolloutWorker | AsyncRollouts:
+def _rollout_source(cfg: TrainConfig, actor: Actor, prepared: Prepared, checkpoint: Path | None) -> RolloutWorker | AsyncRanks:
     """Where the steps' rollouts come from: the worker in this process (sync), or a rollout
-    worker process that generates ahead (async), starting from the actor's current weights."""
+    worker process that generates ahead (async; rank 0's, for every rank), starting from the
+    actor's current weights and the batches `checkpoint` (resumed from) generated ahead."""
     if cfg.rollout.mode == "async":
-        return AsyncRollouts(cfg, actor.model, actor.version, prepared.protocol)
+        return AsyncRanks(actor, prepared.protocol, checkpoint)
     return RolloutWorker.create(actor, prepared.retriever, prepared.protocol)
 
 

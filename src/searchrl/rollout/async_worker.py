@@ -41,7 +41,7 @@ import shutil
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -60,13 +60,15 @@ from searchrl.toolformat.protocol import NativeProtocol
 
 @dataclass(frozen=True)
 class Order:
-    """One step's batch: `n` rollouts of each question, sampled with `seed` by policy `version`."""
+    """One step's batch: `n` rollouts of each question, sampled with `seed` by policy `version`.
+    Under torchrun a step has one order per training rank (`part`: the rank), collected in order."""
 
     step: int
     questions: list[Question]
     n: int
     seed: int
     version: int
+    part: int = 0
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,7 @@ class _Ready:
 
 @dataclass(frozen=True)
 class _Batch:
-    step: int
+    key: tuple[int, int]  # (step, part) of its order
     trajectories: list[Trajectory]
     searched: RetrievalCounts
     spent: dict
@@ -112,7 +114,7 @@ def shards(order: Order, n_workers: int) -> list[Order]:
     for i in range(n_workers):
         size = base + (i < extra)
         seed = order.seed if i == 0 else int(np.random.SeedSequence([order.seed, i]).generate_state(1)[0])
-        out.append(Order(order.step, order.questions[at:at + size], order.n, seed, order.version))
+        out.append(replace(order, questions=order.questions[at:at + size], seed=seed))
         at += size
     return out
 
@@ -140,8 +142,8 @@ class AsyncRollouts:
         self._inbox: queue.Queue = queue.Queue()  # (worker index, message), from every link
         self._links: list[LocalLink | RemoteLink] = []
         self._pending: list[Order] = []  # planned, not yet admitted
-        self._admitted: dict[int, Order] = {}  # sent to the workers, not yet collected (by step)
-        self._ready: dict[int, dict[int, _Batch]] = {}  # received shards, by step, then worker
+        self._admitted: dict[tuple[int, int], Order] = {}  # sent to the workers, not yet collected (by step, part)
+        self._ready: dict[tuple[int, int], dict[int, _Batch]] = {}  # received shards, by (step, part), then worker
         self._last: list[_Batch] = []
         self._dropped, self._waited = 0, 0.0
         try:
@@ -175,32 +177,32 @@ class AsyncRollouts:
         order = self._admitted[min(self._admitted)]
         if order.seed != seed or order.n != n:
             raise RuntimeError(f"async rollouts: step {order.step} was planned with seed {order.seed}, collected with {seed}")
-        expected = self._expected(order)
+        expected, key = self._expected(order), (order.step, order.part)
         t0 = time.perf_counter()
-        while len(self._ready.get(order.step, {})) < expected:
+        while len(self._ready.get(key, {})) < expected:
             self._receive_batch(order.step)
-        self._waited = time.perf_counter() - t0
-        got = self._ready.pop(order.step)
+        self._waited += time.perf_counter() - t0
+        got = self._ready.pop(key)
         batches = [got[i] for i in sorted(got)]
         trajectories = [t for b in batches for t in b.trajectories]
         lag = self.version - min((t.policy_version for t in trajectories), default=self.version)
         if lag > self.cfg.rollout.max_staleness:
             self._dropped += len(order.questions)
-            self._admitted[order.step] = again = Order(order.step, order.questions, n, seed, self.version)
+            self._admitted[key] = again = replace(order, version=self.version)
             self._send(again)
             return self.collect(questions, n, seed, progress)
-        del self._admitted[order.step]
+        del self._admitted[key]
         self._last = batches
         return trajectories
 
     def pipeline(self, step_seconds: float) -> dict:
-        """The step's pipeline metrics, its time `step_seconds` (then the dropped count starts again)."""
+        """The step's pipeline metrics, its time `step_seconds` (then the counts start again)."""
         now = time.monotonic()
         idle = sum(link.clock.idle_within(now - step_seconds, now) for link in self._links)
-        out = {mn.BUFFER_DEPTH: len(self._ready), mn.DROPPED_GROUPS: int(self._dropped),
+        out = {mn.BUFFER_DEPTH: len({step for step, _ in self._ready}), mn.DROPPED_GROUPS: int(self._dropped),
                mn.TRAINER_IDLE_SHARE: self._waited / max(step_seconds, 1e-9),
                mn.GENERATION_IDLE_SHARE: idle / max(len(self._links) * step_seconds, 1e-9)}
-        self._dropped = 0
+        self._dropped, self._waited = 0, 0.0
         return out
 
     def searched(self) -> RetrievalCounts:
@@ -250,7 +252,7 @@ class AsyncRollouts:
     def _admit(self) -> None:
         while self._pending and self._pending[0].version <= self.version:
             order = self._pending.pop(0)
-            self._admitted[order.step] = order
+            self._admitted[(order.step, order.part)] = order
             self._send(order)
 
     def _send(self, order: Order) -> None:
@@ -263,7 +265,7 @@ class AsyncRollouts:
     def _receive_batch(self, step: int) -> None:
         i, batch = self._receive(f"for step {step}'s rollouts")
         self._links[i].clock.received()
-        self._ready.setdefault(batch.step, {})[i] = batch
+        self._ready.setdefault(batch.key, {})[i] = batch
 
     def _receive(self, waiting: str) -> tuple[int, object]:
         """A worker's next message, with its index; a worker that exits, fails, hangs up or stalls stops the run."""
@@ -348,7 +350,7 @@ def _worker_main(cfg: TrainConfig, folder: Path, orders, results) -> None:
                 _load_version(worker, folder, order.version)
             between_rounds = functools.partial(_newest_version, worker, folder) if continuing else None
             trajectories = worker.collect(order.questions, order.n, order.seed, between_rounds=between_rounds)
-            results.put(_Batch(order.step, trajectories, worker.searched(), worker.spent()))
+            results.put(_Batch((order.step, order.part), trajectories, worker.searched(), worker.spent()))
     except BaseException:
         results.put(_Failed(traceback.format_exc()))
         raise

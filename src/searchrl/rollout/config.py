@@ -43,7 +43,8 @@ class RolloutConfig(StrictModel):
         "lockstep); async generates them in rollout worker processes of their own (`workers`, `worker_addresses`) while "
         "the trainer updates, so "
         "generation and training overlap, at the price of rollouts up to max_staleness policy versions old "
-        "(hf or vllm backend, one training process; docs/guides/async.md). Ignored outside training.",
+        "(hf or vllm backend; under torchrun rank 0 drives the workers for every rank's share; docs/guides/async.md). "
+        "Ignored outside training.",
     )
     max_staleness: int = Field(
         1, ge=0, description="Async mode: how many policy versions behind the update that trains on it a rollout may be. "
