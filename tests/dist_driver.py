@@ -34,8 +34,8 @@ def reward(traj, golds, cfg, tags, **kw):
     return dataclasses.replace(r, total=r.total + (sum(traj.token_ids) % 7) / 7)
 
 
-def collect(self, questions, n, seed, progress=False):
-    return [t for q in questions for t in real_collect(self, [q], n, seed ^ zlib.crc32(q.id.encode()), progress)]
+def collect(self, questions, n, seed, progress=False, **kw):  # kw: the async worker's between_rounds
+    return [t for q in questions for t in real_collect(self, [q], n, seed ^ zlib.crc32(q.id.encode()), progress, **kw)]
 
 
 def compute_advantages(*args, **kwargs):
