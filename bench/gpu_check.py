@@ -276,7 +276,7 @@ def train_config(env: dict, s: dict, run_dir: Path, steps: int, *extra: str):
         f"stage1.steps={steps}", f"stage1.prompts_per_step={s['questions']}", f"stage1.samples_per_prompt={s['samples']}",
         f"protocol.template={env['template']}", "stage2.steps=0", "algorithm.mini_batch_size=null", f"algorithm.micro_batch_size={s['micro_batch']}",
         f"algorithm.gradient_checkpointing={'false' if s['device'] == 'cpu' else 'true'}",
-        "logging.progress=false", "logging.tensorboard=false", "logging.sample_every=0", "logging.checkpoint_every=0",
+        "logging.progress=false", "logging.report_to=[]", "logging.sample_every=0", "logging.checkpoint_every=0",
         *extra,
     ]
     return load_config(TrainConfig, str(ROOT / "configs" / "demo-cpu.yaml"), overrides)
