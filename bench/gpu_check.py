@@ -1,5 +1,5 @@
-"""GPU check: rollout speed of our engine against plain `generate`, and one RL step's time and peak
-memory, on a randomly initialised ~0.5B Qwen2 model. Driven part by part by `scripts/gpu_check.sh`
+"""GPU check: rollout speed of our engine against plain `generate`, one RL step's time and peak
+memory, and a few asynchronous RL steps, on a randomly initialised ~0.5B Qwen2 model. Driven part by part by `scripts/gpu_check.sh`
 (each part its own process, under its own timeout); `--dry` runs the same code on CPU with the
 tiny-random model and a handful of tokens, so CI keeps it working.
 
@@ -23,6 +23,13 @@ Parts (all write JSON into --work):
   forced as above, the stage reward plus bench/trainer.py's `toy_reward` (a random model's reward
   is flat, and flat groups skip their update); its metrics.jsonl gives the step timings;
   `torch.cuda.max_memory_allocated` the peak (CPU: peak RSS).
+- `async` (one process, no torchrun): the same training with `rollout.mode=async`,
+  `max_staleness` 1, `async_steps` steps: a rollout worker process generates (its own copy of the
+  model) while the trainer updates (docs/guides/async.md), on cuda:1 when the machine has a second
+  GPU, else on the trainer's device (dry: CPU). Its searches are
+  not forced (the worker is a process of its own, which the wrapper above does not reach), so its
+  rollouts run to the token budget; its metrics.jsonl gives each step's time, staleness, and the
+  share of the step the trainer waited for its batch.
 - `report`: one JSON of the figures; its last printed line is `name=value` pairs, ratios first.
 """
 
@@ -51,11 +58,12 @@ QWEN2_0_5B = {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers"
 
 def settings(dry: bool) -> dict:
     """Workload of each mode. GPU: 4 questions x 16 samples (the paper's group size), 512 tokens."""
+    # async_steps: from the second step on a batch is one version stale (the first is the stage's start weights)
     if dry:
         return {"device": "cpu", "dtype": "float32", "questions": 1, "samples": 4, "max_new_tokens": 40, "search_every": 4,
-                "max_searches": 2, "k": 1, "top_p": 1.0, "steps": 1, "micro_batch": 4}
+                "max_searches": 2, "k": 1, "top_p": 1.0, "steps": 1, "micro_batch": 4, "async_steps": 2}
     return {"device": "cuda", "dtype": "bfloat16", "questions": 4, "samples": 16, "max_new_tokens": 512, "search_every": 128,
-            "max_searches": 2, "k": 3, "top_p": 0.95, "steps": 2, "micro_batch": 8}
+            "max_searches": 2, "k": 3, "top_p": 0.95, "steps": 2, "micro_batch": 8, "async_steps": 3}
 
 
 def peak_gb(device: str) -> float:
@@ -240,42 +248,60 @@ def run_rollout(args, s: dict) -> None:
     })
 
 
-def run_train(args, s: dict) -> None:
-    import torch
+def vary_rewards() -> None:
+    """A random model's reward is flat, and flat groups skip their update: add a hash of the
+    rollout's text (bench/trainer.py's `toy_reward`) to the stage reward, in this process."""
     from trainer import toy_reward
 
+    from searchrl.rl import step
+
+    real_reward = step.compute_reward
+
+    def reward(traj, *a, **kw):
+        r = real_reward(traj, *a, **kw)
+        return dataclasses.replace(r, total=r.total + toy_reward("".join(x.text for x in traj.segments if x.source == "policy")))
+
+    step.compute_reward = reward
+
+
+def train_config(env: dict, s: dict, run_dir: Path, steps: int, *extra: str):
+    """The demo recipe with this model and workload: `steps` Stage-1 steps, no Stage 2."""
     from searchrl.config import load_config
-    from searchrl.rl import step, trainer
     from searchrl.rl.config import TrainConfig
+
+    overrides = [
+        f"model={env['model']['folder']}", f"device={s['device']}", f"dtype={s['dtype']}", f"out={run_dir}", "seed=0",
+        f"rollout.max_new_tokens={s['max_new_tokens']}", f"rollout.k={s['k']}", f"rollout.max_searches={s['max_searches']}",
+        f"rollout.top_p={s['top_p']}", f"rollout.batch_size={s['questions'] * s['samples']}",
+        f"stage1.steps={steps}", f"stage1.prompts_per_step={s['questions']}", f"stage1.samples_per_prompt={s['samples']}",
+        f"protocol.template={env['template']}", "stage2.steps=0", "algorithm.mini_batch_size=null", f"algorithm.micro_batch_size={s['micro_batch']}",
+        f"algorithm.gradient_checkpointing={'false' if s['device'] == 'cpu' else 'true'}",
+        "logging.progress=false", "logging.report_to=[]", "logging.sample_every=0", "logging.checkpoint_every=0",
+        *extra,
+    ]
+    return load_config(TrainConfig, str(ROOT / "configs" / "demo-cpu.yaml"), overrides)
+
+
+def run_train(args, s: dict) -> None:
+    import torch
+
+    from searchrl.rl import trainer
     from searchrl.rollout.worker import RolloutWorker
     from searchrl.runlog import read_metrics
 
     env = json.loads((Path(args.work) / "env.json").read_text())
     queries = toyworld_queries()
-    real_reward, real_create = step.compute_reward, RolloutWorker.create.__func__
-
-    def reward(traj, *a, **kw):  # a random model's reward is flat: add a hash of its text (see above)
-        r = real_reward(traj, *a, **kw)
-        return dataclasses.replace(r, total=r.total + toy_reward("".join(x.text for x in traj.segments if x.source == "policy")))
+    real_create = RolloutWorker.create.__func__
 
     def create(cls, actor, retriever, protocol):
         worker = real_create(cls, actor, retriever, protocol)
         worker.engine.backend = SearchingBackend(worker.engine.backend, protocol.tags, queries, s["search_every"], s["max_searches"])
         return worker
 
-    step.compute_reward = reward
+    vary_rewards()
     RolloutWorker.create = classmethod(create)
     run_dir = Path(args.work) / "train-run"
-    overrides = [
-        f"model={env['model']['folder']}", f"device={s['device']}", f"dtype={s['dtype']}", f"out={run_dir}", "seed=0",
-        f"rollout.max_new_tokens={s['max_new_tokens']}", f"rollout.k={s['k']}", f"rollout.max_searches={s['max_searches']}",
-        f"rollout.top_p={s['top_p']}", f"rollout.batch_size={s['questions'] * s['samples']}",
-        f"stage1.steps={s['steps']}", f"stage1.prompts_per_step={s['questions']}", f"stage1.samples_per_prompt={s['samples']}",
-        f"protocol.template={env['template']}", "stage2.steps=0", "algorithm.mini_batch_size=null", f"algorithm.micro_batch_size={s['micro_batch']}",
-        f"algorithm.gradient_checkpointing={'false' if args.dry else 'true'}",
-        "logging.progress=false", "logging.tensorboard=false", "logging.sample_every=0", "logging.checkpoint_every=0",
-    ]
-    cfg = load_config(TrainConfig, str(ROOT / "configs" / "demo-cpu.yaml"), overrides)
+    cfg = train_config(env, s, run_dir, s["steps"])
     if s["device"] == "cuda":
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
@@ -298,14 +324,53 @@ def run_train(args, s: dict) -> None:
     })
 
 
+def run_async(args, s: dict) -> None:
+    import torch
+
+    from searchrl import metric_names as mn
+    from searchrl.rl import trainer
+    from searchrl.runlog import read_metrics
+
+    env = json.loads((Path(args.work) / "env.json").read_text())
+    vary_rewards()  # scoring stays in the trainer's process: this reaches it
+    run_dir = Path(args.work) / "async-run"
+    worker_device = "cuda:1" if s["device"] == "cuda" and torch.cuda.device_count() > 1 else None
+    cfg = train_config(env, s, run_dir, s["async_steps"], "rollout.mode=async", "rollout.max_staleness=1",
+                       *([f"rollout.worker_devices=[{worker_device}]"] if worker_device else []))
+    if s["device"] == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    trainer.train(cfg)
+    total = time.perf_counter() - t0
+    keys = (mn.STEP_SECONDS, mn.ROLLOUT_SECONDS, mn.UPDATE_SECONDS, mn.UPDATES, mn.STALENESS_MEAN, mn.STALENESS_MAX,
+            mn.TRAINER_IDLE_SHARE, mn.BUFFER_DEPTH, mn.DROPPED_GROUPS)
+    steps = [{k: r.get(k) for k in keys} for r in read_metrics(run_dir)]
+    if len(steps) != s["async_steps"] or any(r[mn.UPDATES] < 1 for r in steps):
+        raise SystemExit(f"the async run did not make {s['async_steps']} steps with an update each (metrics: {steps})")
+    for i, r in enumerate(steps, 1):
+        print(f"  async step {i}: {r[mn.STEP_SECONDS]:.2f}s (waited for its batch {r[mn.TRAINER_IDLE_SHARE]:.0%}, "
+              f"update {r[mn.UPDATE_SECONDS]:.2f}), staleness {r[mn.STALENESS_MEAN]:g}", flush=True)
+    later = steps[1:]  # the first step waits for its batch whatever the mode: nothing was generated ahead
+    dump(Path(args.work) / "async.json", {
+        "steps": steps, "step_seconds": sum(r[mn.STEP_SECONDS] for r in later) / len(later),
+        "staleness_mean": sum(r[mn.STALENESS_MEAN] for r in steps) / len(steps),
+        "staleness_max": max(r[mn.STALENESS_MAX] for r in steps),
+        "trainer_idle_share": sum(r[mn.TRAINER_IDLE_SHARE] for r in later) / len(later),
+        "trainer_peak_gb": peak_gb(s["device"]), "worker_device": worker_device or cfg.device, "total_seconds": total,
+        "rollouts_per_step": s["questions"] * s["samples"],
+    })
+
+
 def report(args, s: dict) -> None:
     work = Path(args.work)
-    env, ro, tr = (json.loads((work / f"{n}.json").read_text()) for n in ("env", "rollout", "train"))
+    env, ro, tr, asy = (json.loads((work / f"{n}.json").read_text()) for n in ("env", "rollout", "train", "async"))
     times = json.loads(args.part_seconds) if args.part_seconds else {}
     out = {**env, "figures": {
         "engine_vs_generate": ro["engine_vs_generate"], "engine_tok_s": ro["engine_tok_s"], "generate_tok_s": ro["generate_tok_s"],
         "rl_step_seconds": tr["step_seconds"], "rl_peak_gb": tr["peak_gb"], "rollout_peak_gb": ro["peak_gb"],
-    }, "rollout": ro, "train": tr, "part_seconds": times}
+        "async_step_seconds": asy["step_seconds"], "async_staleness_mean": asy["staleness_mean"],
+        "async_trainer_idle_share": asy["trainer_idle_share"],
+    }, "rollout": ro, "train": tr, "async": asy, "part_seconds": times}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     f = out["figures"]
@@ -315,7 +380,7 @@ def report(args, s: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("part", choices=["prepare", "rollout", "train", "report"])
+    ap.add_argument("part", choices=["prepare", "rollout", "train", "async", "report"])
     ap.add_argument("--work", required=True, help="folder the parts share (model, part JSONs, the training run)")
     ap.add_argument("--dry", action="store_true", help="CPU, tiny-random, a handful of tokens (CI)")
     ap.add_argument("--tokenizer", default="tiny-random", help="tokenizer source (searchrl.assets name or folder); "
@@ -330,7 +395,7 @@ def main() -> None:
 
     if s["device"] == "cuda" and not torch.cuda.is_available():
         raise SystemExit("CUDA is not available (torch.cuda.is_available() is False): run on a GPU machine, or use --dry")
-    {"prepare": prepare, "rollout": run_rollout, "train": run_train}[args.part](args, s)
+    {"prepare": prepare, "rollout": run_rollout, "train": run_train, "async": run_async}[args.part](args, s)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# GPU check: our rollout engine's tokens/s against plain `generate`, and one RL step's time and peak
-# memory (torchrun, one process, FSDP2), on a random ~0.5B Qwen2 model; writes one JSON of figures.
-# Needs a CUDA GPU, torch, transformers and searchrl's own light dependencies; no network, no vLLM.
-# Under 8 minutes on one GPU. The work is done by bench/gpu_check.py, one part per process, each
-# under its own timeout (90 + 150 + 240 s at most on GPU; TIMEOUT_* below).
+# GPU check: our rollout engine's tokens/s against plain `generate`, one RL step's time and peak
+# memory (torchrun, one process, FSDP2), and a few asynchronous RL steps (rollout.mode=async: a
+# rollout worker process on a second GPU if any, else the same one; their time and staleness),
+# on a random ~0.5B Qwen2 model; writes one JSON of figures. Needs a CUDA GPU, torch, transformers
+# and searchrl's own light dependencies; no network, no vLLM. The work is done by
+# bench/gpu_check.py, one part per process, each under its own timeout (90 + 150 + 240 + 240 s at
+# most on GPU; TIMEOUT_* below).
 #
 #   scripts/gpu_check.sh                       # GPU; JSON to runs/gpu_check/gpu_check-<date>.json
 #   scripts/gpu_check.sh --out FILE.json       # JSON elsewhere
@@ -12,8 +14,8 @@
 #
 # Environment: PYTHON (default python3), SEARCHRL_HOME (the cache: tiny-random model with the
 # tokenizer, the toy world and its BM25 index; on an offline machine carry a copy of it, see
-# docs/scale.md), GPU_CHECK_KEEP=1 keeps the work folder (model, training run), TIMEOUT_PREPARE,
-# TIMEOUT_ROLLOUT, TIMEOUT_TRAIN (seconds per part).
+# docs/scale.md), GPU_CHECK_KEEP=1 keeps the work folder (model, training runs), TIMEOUT_PREPARE,
+# TIMEOUT_ROLLOUT, TIMEOUT_TRAIN, TIMEOUT_ASYNC (seconds per part).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -25,7 +27,7 @@ while [[ $# -gt 0 ]]; do
     --dry) DRY=1; shift ;;
     --out) OUT="${2:?--out needs a file}"; shift 2 ;;
     --tokenizer) TOKENIZER="${2:?--tokenizer needs a name or folder}"; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -41,8 +43,10 @@ if [[ $DRY == 1 ]]; then
   FLAGS=(--dry)
   export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"  # CI and shared CPUs: one thread is steadier (docs/getting-started.md)
   T_PREPARE="${TIMEOUT_PREPARE:-120}" T_ROLLOUT="${TIMEOUT_ROLLOUT:-120}" T_TRAIN="${TIMEOUT_TRAIN:-180}"
+  T_ASYNC="${TIMEOUT_ASYNC:-240}"
 else
   T_PREPARE="${TIMEOUT_PREPARE:-90}" T_ROLLOUT="${TIMEOUT_ROLLOUT:-150}" T_TRAIN="${TIMEOUT_TRAIN:-240}"
+  T_ASYNC="${TIMEOUT_ASYNC:-240}"
 fi
 
 die() { echo "gpu_check: $*" >&2; exit 1; }
@@ -88,6 +92,7 @@ part prepare "$T_PREPARE" "$PYTHON" "$HELPER" prepare --work "$WORK" --tokenizer
 part rollout "$T_ROLLOUT" "$PYTHON" "$HELPER" rollout --work "$WORK" ${FLAGS[@]+"${FLAGS[@]}"}
 part train "$T_TRAIN" "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node 1 \
   "$HELPER" train --work "$WORK" ${FLAGS[@]+"${FLAGS[@]}"}
-times="{\"prepare\": ${SECONDS_OF[prepare]}, \"rollout\": ${SECONDS_OF[rollout]}, \"train\": ${SECONDS_OF[train]}}"
+part async "$T_ASYNC" "$PYTHON" "$HELPER" async --work "$WORK" ${FLAGS[@]+"${FLAGS[@]}"}
+times="{\"prepare\": ${SECONDS_OF[prepare]}, \"rollout\": ${SECONDS_OF[rollout]}, \"train\": ${SECONDS_OF[train]}, \"async\": ${SECONDS_OF[async]}}"
 "$PYTHON" "$HELPER" report --work "$WORK" --out "$OUT" --part-seconds "$times" ${FLAGS[@]+"${FLAGS[@]}"}
 echo "gpu_check: wrote $OUT"

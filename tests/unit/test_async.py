@@ -1,25 +1,32 @@
 """Asynchronous rollouts (`rollout.mode: async`) on the tiny-random model: with max_staleness 0 the
 run equals the synchronous one; with 1 it overlaps and lags by at most one version; a rollout
-worker that dies stops the run with a clear error, and `--resume` loses no update."""
+worker that dies stops the run with a clear error, and `--resume` loses no update; nor does it after
+the trainer itself is killed, whose rollout worker ends with it."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 from test_trainer import _overrides, _weights, max_change
 
+import searchrl
 from searchrl import metric_names as mn
-from searchrl.config import load_config
+from searchrl.config import dump_config, load_config
 from searchrl.errors import SearchRLError
 from searchrl.rl import trainer
 from searchrl.rl.async_ranks import AHEAD_FILE
 from searchrl.rl.checkpoint import latest_checkpoint
 from searchrl.rl.config import TrainConfig
 from searchrl.rl.integrity import CHECKSUMS
-from searchrl.rollout.async_worker import AsyncRollouts
+from searchrl.rl.trainer import train_command
+from searchrl.rollout.async_worker import WEIGHTS_FOLDER, AsyncRollouts
 from searchrl.runlog import read_metrics
 
 PIPELINE = (mn.BUFFER_DEPTH, mn.DROPPED_GROUPS, mn.TRAINER_IDLE_SHARE)
@@ -114,3 +121,83 @@ def test_staleness_1_overlaps_and_a_killed_worker_resumes_without_losing_an_upda
     trainer.train(load_config(TrainConfig, str(mid / "config.yaml"), ["debug_crash_after_step=null"]), resume=mid)
     _assert_close(_learning(full), _learning(mid))
     assert max_change(_weights(full / "checkpoints" / final), _weights(mid / "checkpoints" / final)) <= 1e-6
+
+
+# `searchrl train` in a process of its own, with the rewards of `vary_rewards`: once step HOLD is
+# logged (its checkpoint not yet written) it writes its rollout workers' PIDs to MARK and stops
+# still, for the test to SIGKILL it there.
+_HELD_TRAINER = """
+import multiprocessing, os, sys, time
+import pytest
+from conftest import vary_rewards
+from searchrl.cli import main
+from searchrl.runlog import RunLogger
+
+hold, mark = int(sys.argv[1]), sys.argv[2]
+patch = pytest.MonkeyPatch()
+vary_rewards(patch)
+log = RunLogger.log
+
+def held(self, record):
+    log(self, record)
+    if record["step"] == hold:
+        workers = [p.pid for p in multiprocessing.active_children() if p.name.startswith("searchrl-rollout-worker")]
+        with open(mark + ".tmp", "w") as fh:
+            fh.write(" ".join(map(str, workers)))
+        os.replace(mark + ".tmp", mark)
+        time.sleep(3600)
+
+patch.setattr(RunLogger, "log", held)
+sys.argv = ["searchrl", "train", *sys.argv[3:]]
+main()
+"""
+
+
+def _ended(pid: int) -> bool:
+    """The process has ended (a zombie that nobody reaped has ended too)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the worker's state in /proc")
+def test_a_killed_trainer_resumes_without_losing_an_update_and_its_worker_ends(world, tmp_path, varied_rewards):
+    # checkpoints after steps 2, 4 (Stage 1's end) and 5; the kill comes after step 3's update
+    stale = ("rollout.mode=async", "rollout.max_staleness=1", "stage1.steps=4", "logging.checkpoint_every=2")
+    full = _run(world, tmp_path / "full", *stale)
+    assert [r[mn.STALENESS_MAX] for r in read_metrics(full)] == [0, 1, 1, 1, 0]
+    assert not (full / WEIGHTS_FOLDER).exists()  # a complete run keeps no published weights
+
+    crashed, mark, log = tmp_path / "crashed", tmp_path / "held", tmp_path / "trainer.log"
+    dump_config(load_config(TrainConfig, None, _overrides(world, crashed, *stale)), tmp_path / "crashed.yaml")
+    paths = [str(Path(__file__).parent), str(Path(searchrl.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-c", _HELD_TRAINER, "3", str(mark), "--config", str(tmp_path / "crashed.yaml")],
+                                env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)}, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 900
+        while not mark.exists():
+            assert proc.poll() is None, f"the trainer ended (code {proc.returncode}) before step 3:\n{log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, "the trainer did not reach step 3 in 15 minutes"
+            time.sleep(0.2)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    workers = [int(pid) for pid in mark.read_text().split()]
+    assert len(workers) == 1
+    deadline = time.monotonic() + 30
+    while not all(_ended(pid) for pid in workers):  # a worker watches its trainer: no order comes any more
+        assert time.monotonic() < deadline, f"the rollout worker (pid {workers}) outlived its killed trainer by 30 s"
+        time.sleep(0.1)
+
+    assert len(read_metrics(crashed)) == 3 and latest_checkpoint(crashed).name == "step_0002"
+    # step 3's batch (version 1's) is in the step-2 checkpoint; step 4's is version 2's, the checkpoint's own
+    assert AHEAD_FILE in json.loads((crashed / "checkpoints" / "step_0002" / CHECKSUMS).read_text())
+    train_command(None, [], None, str(crashed), None)  # `searchrl train --resume RUN`
+    _assert_close(_learning(full), _learning(crashed))
+    final = latest_checkpoint(full).name
+    assert max_change(_weights(full / "checkpoints" / final), _weights(crashed / "checkpoints" / final)) <= 1e-6
+    assert not (crashed / WEIGHTS_FOLDER).exists()
+

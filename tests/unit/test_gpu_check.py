@@ -1,6 +1,7 @@
 """scripts/gpu_check.sh --dry end to end (CPU, tiny-random, a handful of tokens), so the GPU check
 cannot rot between GPU runs: every part runs (prepare, rollout with forced search rounds, one RL
-step under torchrun with FSDP2 on one gloo rank, report) and the JSON holds every figure, sane."""
+step under torchrun with FSDP2 on one gloo rank, two asynchronous RL steps with a rollout worker
+process, report) and the JSON holds every figure, sane."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-FIGURES = ("engine_vs_generate", "engine_tok_s", "generate_tok_s", "rl_step_seconds", "rl_peak_gb", "rollout_peak_gb")
+FIGURES = ("engine_vs_generate", "engine_tok_s", "generate_tok_s", "rl_step_seconds", "rl_peak_gb", "rollout_peak_gb",
+           "async_step_seconds", "async_staleness_mean")
 
 
 def _positive(x) -> bool:
@@ -23,7 +25,7 @@ def test_gpu_check_dry(tmp_path):
     out = tmp_path / "gpu_check.json"
     env = dict(os.environ, PYTHON=sys.executable, TMPDIR=str(tmp_path))
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--dry", "--out", str(out)],
-                          capture_output=True, text=True, env=env, timeout=600, check=False)
+                          capture_output=True, text=True, env=env, timeout=900, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"gpu_check: wrote {out}" in proc.stdout
     report = json.loads(out.read_text())
@@ -38,7 +40,14 @@ def test_gpu_check_dry(tmp_path):
     # One RL step, with an optimizer update (its time would otherwise leave the update out).
     assert len(tr["steps"]) == 1 and tr["steps"][0]["updates"] >= 1 and tr["processes"] == 1
     assert all(_positive(tr["steps"][0][k]) for k in ("step_seconds", "rollout_seconds", "update_seconds"))
-    assert report["model"]["params"] > 0 and set(report["part_seconds"]) == {"prepare", "rollout", "train"}
+    # Two async steps, each with an update: the first on the stage's start weights, the second
+    # generated ahead by them while the first trained, so one version stale.
+    asy = report["async"]
+    assert [r["staleness_max"] for r in asy["steps"]] == [0, 1] and all(r["updates"] >= 1 for r in asy["steps"])
+    assert asy["staleness_mean"] == report["figures"]["async_staleness_mean"] == 0.5
+    assert asy["step_seconds"] == asy["steps"][1]["step_seconds"] and all(r["dropped_groups"] == 0 for r in asy["steps"])
+    assert 0 <= report["figures"]["async_trainer_idle_share"] <= 1
+    assert report["model"]["params"] > 0 and set(report["part_seconds"]) == {"prepare", "rollout", "train", "async"}
     # The last printed line: name=value pairs, the ratio first.
     last = proc.stdout.strip().splitlines()[-2]
     assert last.split()[0].startswith("engine_vs_generate=")

@@ -14,7 +14,10 @@ and takes versioned trajectories; it offers the same calls as the synchronous `R
   sampled with a seed derived from the order's seed and i (shard 0 keeps the order's own); the
   trainer joins the shards back in question order. The batch is a function of (seed, version, N).
 - **Weights.** After every update the trainer writes the weights as a versioned safetensors file
-  (`rollout.weights.publish`: temp name, then rename) in a folder of its own; a local worker's
+  (`rollout.weights.publish`: temp name, then rename) in the run's `rollout-weights/` folder,
+  kept while an order not yet collected needs it; the folder goes when the run ends. (A run
+  resumed mid-stage needs no old weights: the checkpoint holds the batches generated ahead,
+  `rl.async_ranks`.) A local worker's
   backend (`rollout.backend`: hf, or a vLLM engine of its own) loads the version an order names
   before it starts it, as (name, tensor) pairs read from the file (`load_weights`); a remote one
   gets the file's bytes over its connection first (`rollout.worker_links`). With
@@ -28,7 +31,8 @@ and takes versioned trajectories; it offers the same calls as the synchronous `R
   its share (`pin_cpus`); `rollout.worker_devices` gives each its device.
 - **Health.** A worker that exits, fails, hangs up, or sends nothing for `rollout.worker_timeout_s`
   stops the run with a `SearchRLError` naming it; `--resume` goes on from the last checkpoint and
-  generates the in-flight batches again.
+  generates the in-flight batches again. A local worker whose trainer ends without closing it
+  (killed) exits at once, mid-batch if need be.
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ import multiprocessing as mp
 import os
 import queue
 import shutil
-import tempfile
+import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, replace
@@ -56,6 +61,8 @@ from searchrl.rl.config import TrainConfig
 from searchrl.rollout.weights import latest_published, publish, published_path, read_published
 from searchrl.rollout.worker_links import LocalLink, Lost, RemoteLink
 from searchrl.toolformat.protocol import NativeProtocol
+
+WEIGHTS_FOLDER = "rollout-weights"  # in the run directory: the published versions
 
 
 @dataclass(frozen=True)
@@ -137,7 +144,9 @@ class AsyncRollouts:
         cpus = cfg.rollout.worker_cpus
         if cpus and max(cpus) >= (os.cpu_count() or 1):  # refused here, before a process starts for nothing
             raise SearchRLError(f"rollout.worker_cpus={cpus}: this machine has cores 0..{(os.cpu_count() or 1) - 1}")
-        self._folder = Path(tempfile.mkdtemp(prefix="searchrl-weights-"))
+        self._folder = Path(cfg.out) / WEIGHTS_FOLDER
+        shutil.rmtree(self._folder, ignore_errors=True)  # a killed run's: a resume needs none of them
+        self._folder.mkdir(parents=True)
         publish(model, self._folder, version)
         self._inbox: queue.Queue = queue.Queue()  # (worker index, message), from every link
         self._links: list[LocalLink | RemoteLink] = []
@@ -224,10 +233,7 @@ class AsyncRollouts:
         """Publish the actor's new version, forget the versions no order needs, admit what it allows."""
         publish(model, self._folder, version)
         self.version = version
-        needed = self._needed()
-        for path in self._folder.glob("weights-*.safetensors"):
-            if path != published_path(self._folder, self.version) and int(path.stem.split("-")[1]) < needed:
-                path.unlink(missing_ok=True)
+        self._forget()
         self._admit()
 
     def sleep(self) -> None:
@@ -248,6 +254,13 @@ class AsyncRollouts:
 
     def _expected(self, order: Order) -> int:
         return sum(1 for part in shards(order, len(self._links)) if part.questions)
+
+    def _forget(self) -> None:
+        """Delete the published versions older than any order not yet collected needs."""
+        needed = min(self._needed(), self.version)
+        for path in self._folder.glob("weights-*.safetensors"):
+            if _version_of(path) < needed:
+                path.unlink(missing_ok=True)
 
     def _admit(self) -> None:
         while self._pending and self._pending[0].version <= self.version:
@@ -330,20 +343,17 @@ def _worker_main(cfg: TrainConfig, folder: Path, orders, results) -> None:
 
     agent = None
     continuing = cfg.rollout.partial == "continue"
+    parent = mp.parent_process()
+    if parent is not None:
+        threading.Thread(target=_exit_with, args=(parent,), name="exit-with-trainer", daemon=True).start()
     try:
         if cfg.rollout.worker_cpus:  # before the model loads: torch's threads start on these cores
             pin_cpus(cfg.rollout.worker_cpus, "the rollout worker")
         agent = build_agent(cfg, _build_backend(cfg), run=str(Path(cfg.out).resolve()))
         worker = RolloutWorker(agent, functools.partial(rollout_autocast, cfg), version=-1)
         results.put(_Ready(worker.tools))
-        parent = mp.parent_process()
         while True:
-            try:
-                order = orders.get(timeout=2.0)
-            except queue.Empty:
-                if parent is not None and not parent.is_alive():  # the trainer was killed: nobody to serve
-                    return
-                continue
+            order = orders.get()
             if order is None:
                 return
             if order.version > worker.version or (order.version != worker.version and not continuing):
@@ -357,3 +367,17 @@ def _worker_main(cfg: TrainConfig, folder: Path, orders, results) -> None:
     finally:
         if agent is not None:
             agent.close()
+
+
+def _version_of(path: Path) -> int:
+    """The policy version of a published file, weights-000003.safetensors; -1 for any other name."""
+    stem = path.name.removesuffix(".safetensors")
+    return int(stem[len("weights-"):]) if path.name.endswith(".safetensors") and stem[len("weights-"):].isdigit() else -1
+
+
+def _exit_with(parent) -> None:
+    """End the worker process as soon as its trainer ends. A trainer that closes the worker ends
+    after it; one killed (SIGKILL runs no cleanup) leaves nobody to serve, and finishing the batch
+    in flight, or a batch too large for the pipe to a dead reader, would keep the worker alive."""
+    parent.join()
+    os._exit(1)
