@@ -110,10 +110,10 @@ def install_workload(chunk: int, tags) -> None:
 def _worker_main(cfg, *args):
     """The rollout worker process's entry: the workload installed, then the library's worker."""
     from searchrl.protocol import Protocol
-    from searchrl.rollout import async_worker as async_rollouts
+    from searchrl.rollout import worker_process
 
     install_workload(int(os.environ["SEARCHRL_BENCH_CHUNK"]), Protocol.named(cfg.protocol.tags).tags)
-    return async_rollouts._worker_main(cfg, *args)  # this process imported the library afresh: unpatched
+    return worker_process.worker_main(cfg, *args)  # this process imported the library afresh: unpatched
 
 
 # ------------------------------------------------------------------------------------------------
@@ -123,7 +123,7 @@ def _worker_main(cfg, *args):
 def run_one(args) -> None:
     s = settings(args)
     trainer_cpu = args.cpus[1]
-    from searchrl.rollout.async_worker import pin_cpus
+    from searchrl.rollout.worker_process import pin_cpus
 
     pin_cpus([trainer_cpu], "the trainer")  # before torch starts its threads (the worker re-pins itself)
     from trainer import toy_reward
@@ -138,7 +138,7 @@ def run_one(args) -> None:
 
     install_workload(s["chunk"], Protocol.named("search-r1").tags)
     os.environ["SEARCHRL_BENCH_CHUNK"] = str(s["chunk"])
-    async_rollouts._worker_main = _worker_main  # spawn pickles it by name: this script, run again in the worker
+    async_rollouts.worker_main = _worker_main  # spawn pickles it by name: this script, run again in the worker
     real_reward = step.compute_reward
 
     def reward(traj, *a, **kw):  # an untrained model's reward is flat: add a hash of its text

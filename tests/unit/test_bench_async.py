@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from searchrl.errors import SearchRLError
-from searchrl.rollout.async_worker import pin_cpus
 from searchrl.rollout.config import RolloutConfig
+from searchrl.rollout.worker_process import pin_cpus
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "async.py"
 RATIOS = ["ratio_updates_per_h", "ratio_tok_s", "ratio_of_bound"]

@@ -37,15 +37,10 @@ and takes versioned trajectories; it offers the same calls as the synchronous `R
 
 from __future__ import annotations
 
-import functools
-import multiprocessing as mp
 import os
 import queue
 import shutil
-import sys
-import threading
 import time
-import traceback
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -58,8 +53,9 @@ from searchrl.errors import SearchRLError
 from searchrl.protocol import Protocol
 from searchrl.retrieval.querycache import RetrievalCounts
 from searchrl.rl.config import TrainConfig
-from searchrl.rollout.weights import latest_published, publish, published_path, read_published
+from searchrl.rollout.weights import publish
 from searchrl.rollout.worker_links import LocalLink, Lost, RemoteLink
+from searchrl.rollout.worker_process import Batch, Failed, worker_main
 from searchrl.toolformat.protocol import NativeProtocol
 
 WEIGHTS_FOLDER = "rollout-weights"  # in the run directory: the published versions
@@ -76,39 +72,6 @@ class Order:
     seed: int
     version: int
     part: int = 0
-
-
-@dataclass(frozen=True)
-class _Ready:
-    tools: list[str]
-
-
-@dataclass(frozen=True)
-class _Batch:
-    key: tuple[int, int]  # (step, part) of its order
-    trajectories: list[Trajectory]
-    searched: RetrievalCounts
-    spent: dict
-
-
-@dataclass(frozen=True)
-class _Failed:
-    error: str
-
-
-def pin_cpus(cpus: list[int], who: str = "this process") -> None:
-    """Run this process on the cores `cpus` only, with as many torch threads (Linux: the
-    scheduler's affinity mask; the threads torch starts later inherit it). A core the process may
-    not use is refused with the cores it may."""
-    import torch
-
-    if not hasattr(os, "sched_setaffinity"):
-        raise SearchRLError(f"pinning {who} to cores {cpus} needs os.sched_setaffinity (Linux); leave rollout.worker_cpus unset here")
-    try:
-        os.sched_setaffinity(0, cpus)
-    except (OSError, ValueError) as e:
-        raise SearchRLError(f"cannot pin {who} to cores {cpus} ({e}); this machine has cores 0..{(os.cpu_count() or 1) - 1}") from None
-    torch.set_num_threads(len(cpus))
 
 
 def shards(order: Order, n_workers: int) -> list[Order]:
@@ -152,12 +115,12 @@ class AsyncRollouts:
         self._links: list[LocalLink | RemoteLink] = []
         self._pending: list[Order] = []  # planned, not yet admitted
         self._admitted: dict[tuple[int, int], Order] = {}  # sent to the workers, not yet collected (by step, part)
-        self._ready: dict[tuple[int, int], dict[int, _Batch]] = {}  # received shards, by (step, part), then worker
-        self._last: list[_Batch] = []
+        self._ready: dict[tuple[int, int], dict[int, Batch]] = {}  # received shards, by (step, part), then worker
+        self._last: list[Batch] = []
         self._dropped, self._waited = 0, 0.0
         try:
             for i, worker_cfg in enumerate(worker_configs(cfg)):
-                self._links.append(LocalLink(i, _worker_main, worker_cfg, self._folder, self._inbox))
+                self._links.append(LocalLink(i, worker_main, worker_cfg, self._folder, self._inbox))
             for address in cfg.rollout.worker_addresses:
                 self._links.append(RemoteLink(len(self._links), address, cfg, self._inbox))
             tools = {}
@@ -299,74 +262,10 @@ class AsyncRollouts:
             if isinstance(msg, Lost):
                 raise SearchRLError(f"the rollout worker {self._links[i].name} {msg.why} while the trainer waited {waiting}; "
                                     f"the run stops here. {resume}")
-            if isinstance(msg, _Failed):
+            if isinstance(msg, Failed):
                 raise SearchRLError(f"the rollout worker {self._links[i].name} failed while the trainer waited {waiting}; "
                                     f"the run stops here. {resume}. Its error:\n{msg.error}")
             return i, msg
-
-
-def _build_backend(cfg: TrainConfig):
-    """The worker's own generation backend, `rollout.backend` by name, holding `cfg.model` (each
-    order's published version is loaded into it before use)."""
-    if cfg.rollout.backend == "vllm":
-        from searchrl.agent import load_backend
-
-        return load_backend(cfg)
-    from searchrl.assets import load_model
-    from searchrl.rollout.hf_backend import HFBackend
-
-    return HFBackend(*load_model(cfg.model, device=cfg.device, dtype="float32"))  # float32, as the actor's
-
-
-def _load_version(worker, folder: Path, version: int) -> None:
-    """Policy `version`, as the trainer published it, into the worker's backend."""
-    worker.engine.backend.load_weights(read_published(folder, version))
-    worker.version = version
-
-
-def _newest_version(worker, folder: Path) -> int:
-    """`rollout.partial: continue`, between rounds: the newest published version, if newer than
-    the worker's (the trainer never deletes it, nor one an admitted order may still need)."""
-    newest = latest_published(folder)
-    if newest is not None and newest > worker.version:
-        _load_version(worker, folder, newest)
-    return worker.version
-
-
-def _worker_main(cfg: TrainConfig, folder: Path, orders, results) -> None:
-    """The worker process: its own backend and retriever; each order is generated by the
-    published version it names, loaded between batches (`partial: continue`: or a newer one,
-    also between rounds)."""
-    from searchrl.agent import build_agent
-    from searchrl.rl.policy import rollout_autocast
-    from searchrl.rollout.worker import RolloutWorker
-
-    agent = None
-    continuing = cfg.rollout.partial == "continue"
-    parent = mp.parent_process()
-    if parent is not None:
-        threading.Thread(target=_exit_with, args=(parent,), name="exit-with-trainer", daemon=True).start()
-    try:
-        if cfg.rollout.worker_cpus:  # before the model loads: torch's threads start on these cores
-            pin_cpus(cfg.rollout.worker_cpus, "the rollout worker")
-        agent = build_agent(cfg, _build_backend(cfg), run=str(Path(cfg.out).resolve()))
-        worker = RolloutWorker(agent, functools.partial(rollout_autocast, cfg), version=-1)
-        results.put(_Ready(worker.tools))
-        while True:
-            order = orders.get()
-            if order is None:
-                return
-            if order.version > worker.version or (order.version != worker.version and not continuing):
-                _load_version(worker, folder, order.version)
-            between_rounds = functools.partial(_newest_version, worker, folder) if continuing else None
-            trajectories = worker.collect(order.questions, order.n, order.seed, between_rounds=between_rounds)
-            results.put(_Batch((order.step, order.part), trajectories, worker.searched(), worker.spent()))
-    except BaseException:
-        results.put(_Failed(traceback.format_exc()))
-        raise
-    finally:
-        if agent is not None:
-            agent.close()
 
 
 def _version_of(path: Path) -> int:
@@ -375,9 +274,3 @@ def _version_of(path: Path) -> int:
     return int(stem[len("weights-"):]) if path.name.endswith(".safetensors") and stem[len("weights-"):].isdigit() else -1
 
 
-def _exit_with(parent) -> None:
-    """End the worker process as soon as its trainer ends. A trainer that closes the worker ends
-    after it; one killed (SIGKILL runs no cleanup) leaves nobody to serve, and finishing the batch
-    in flight, or a batch too large for the pipe to a dead reader, would keep the worker alive."""
-    parent.join()
-    os._exit(1)

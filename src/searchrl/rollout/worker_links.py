@@ -27,6 +27,7 @@ from pathlib import Path
 
 from searchrl.errors import SearchRLError
 from searchrl.rollout.weights import published_path
+from searchrl.rollout.worker_process import Failed, worker_main
 
 KEY_ENV = "SEARCHRL_WORKER_KEY"
 
@@ -252,7 +253,6 @@ def served_config(trainer_cfg, overrides: list[str]):
 
 
 def _serve_trainer(conn: Connection, overrides: list[str]) -> None:
-    from searchrl.rollout.async_worker import _Failed, _worker_main
 
     try:
         hello = conn.recv()
@@ -264,15 +264,15 @@ def _serve_trainer(conn: Connection, overrides: list[str]) -> None:
     try:
         cfg = served_config(hello.cfg, overrides)
     except SearchRLError as e:
-        _Replies(conn).put(_Failed(str(e)))
+        _Replies(conn).put(Failed(str(e)))
         return
     folder = Path(tempfile.mkdtemp(prefix="searchrl-worker-weights-"))
     orders: queue.Queue = queue.Queue()
     threading.Thread(target=_receive_orders, args=(conn, folder, orders), daemon=True).start()
     print(f"rollout worker: serving a trainer (run {cfg.out})", flush=True)
     try:
-        _worker_main(cfg, folder, orders, _Replies(conn))
-    except Exception:  # noqa: BLE001 - sent to the trainer already (_Failed); the server waits for the next one
+        worker_main(cfg, folder, orders, _Replies(conn))
+    except Exception:  # noqa: BLE001 - sent to the trainer already (Failed); the server waits for the next one
         traceback.print_exc()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
