@@ -10,7 +10,8 @@ and takes versioned trajectories; it offers the same calls as the synchronous `R
   goes to the worker only once that version is published and no generated rollout is ever too
   old to train on. With max_staleness 0 this is the synchronous trainer, exactly.
 - **Weights.** After every update the trainer writes the weights as a versioned safetensors file
-  (`rollout.weights.publish`: temp name, then rename) in a folder of its own; the worker loads
+  (`rollout.weights.publish`: temp name, then rename) in a folder of its own, in shared memory
+  where the machine has room (/dev/shm; a retired version's pages are reused); the worker loads
   the version an order names before it starts it. A batch is generated whole by one version
   (in-flight rollouts finish with the weights they started with): every trajectory carries one
   `policy_version`, and a given seed and version give the same batch however the two processes
@@ -29,7 +30,6 @@ import multiprocessing as mp
 import os
 import queue
 import shutil
-import tempfile
 import time
 import traceback
 from dataclasses import dataclass
@@ -42,7 +42,7 @@ from searchrl.errors import SearchRLError
 from searchrl.protocol import Protocol
 from searchrl.retrieval.querycache import RetrievalCounts
 from searchrl.rl.config import TrainConfig
-from searchrl.rollout.weights import load_published, publish, published_path
+from searchrl.rollout.weights import load_published, publish, published_path, retire, weights_bytes, weights_folder
 from searchrl.toolformat.protocol import NativeProtocol
 
 
@@ -98,7 +98,8 @@ class AsyncRollouts:
         cpus = cfg.rollout.worker_cpus
         if cpus and max(cpus) >= (os.cpu_count() or 1):  # refused here, before a process starts for nothing
             raise SearchRLError(f"rollout.worker_cpus={cpus}: this machine has cores 0..{(os.cpu_count() or 1) - 1}")
-        self._folder = Path(tempfile.mkdtemp(prefix="searchrl-weights-"))
+        # At most max_staleness + 2 versions at once, and the spare (rollout/weights.py).
+        self._folder = weights_folder(weights_bytes(model) * (cfg.rollout.max_staleness + 3))
         publish(model, self._folder, version)
         ctx = mp.get_context("spawn")  # a fork would copy the trainer's threads and model
         # Admission bounds what the worker holds to max_staleness + 1 batches: these queues need no cap.
@@ -165,7 +166,7 @@ class AsyncRollouts:
         needed = min([o.version for o in [*self._admitted.values(), *self._pending]], default=self.version)
         for path in self._folder.glob("weights-*.safetensors"):
             if path != published_path(self._folder, self.version) and int(path.stem.split("-")[1]) < needed:
-                path.unlink(missing_ok=True)
+                retire(self._folder, int(path.stem.split("-")[1]))
         self._admit()
 
     def sleep(self) -> None:
