@@ -42,6 +42,7 @@ def test_bench_async_quick():
     assert (pairs["model"], pairs["dtype"], pairs["max_staleness"]) == ("tiny-random", "bfloat16", "1")
     # The update's seconds hold the weights hand-off (tiny-random's: milliseconds), which only async does.
     assert 0 <= values["async_publish_s"] < values["async_update_s"]
+    assert values["update_slowdown"] == pytest.approx((values["async_update_s"] - values["async_publish_s"]) / values["sync_update_s"], rel=0.02, abs=2e-3)
     assert any(ln.startswith("sync ") for ln in lines) and any(ln.startswith("async ") for ln in lines)
 
 
