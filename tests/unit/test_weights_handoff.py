@@ -74,3 +74,12 @@ def test_the_folder_is_in_shared_memory_only_where_it_fits():
     finally:
         small.rmdir()
         huge.rmdir()
+
+
+def test_a_worker_of_another_dtype_loads_the_version_converted(tmp_path):
+    trainer, _ = load_model("tiny-random")
+    worker, _ = load_model("tiny-random", dtype="bfloat16")
+    v0 = _perturbed(trainer, 0)
+    publish(trainer, tmp_path, 0)
+    load_published(worker, tmp_path, 0)
+    assert all(p.dtype == torch.bfloat16 and torch.equal(p, v0[n].to(torch.bfloat16)) for n, p in worker.named_parameters())

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from searchrl.errors import SearchRLError
+
 
 def whole_tensor(t: torch.Tensor) -> torch.Tensor:
     """The full tensor of an FSDP2 shard (a DTensor; an all-gather), else `t`."""
@@ -50,12 +52,12 @@ def named_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 # -- published versions: how a trainer hands weights to a rollout worker in another process -------
 #
 # A version is a safetensors file in a folder of the run's own, in shared memory (/dev/shm) where the
-# machine has room for it: the hand-off is then a copy in RAM, not a write to disk (on a 2-core CPU
-# machine writing SmolLM2-135M's 540 MB to /tmp took 1.5-2.6 s of every trainer step; docs/results.md,
-# "Asynchronous training"). A version no order needs any more is not deleted but kept as a spare
-# (`retire`): the next `publish` writes its tensors into the spare's pages in place, which skips
-# allocating and zeroing 540 MB of fresh pages and the file system's bookkeeping. Readers map the
-# file and copy the tensors straight into their parameters.
+# machine has room for it: the hand-off is then a copy in RAM, not a write to disk, whose writeback
+# made the trainer's publish of SmolLM2-135M's 540 MB take 0.2-2.6 s (docs/results.md, "Asynchronous
+# training"). A version no order needs any more is not deleted but kept as a spare (`retire`): the
+# next `publish` writes its tensors into the spare's pages in place, which skips allocating and
+# zeroing 540 MB of fresh pages. Both sides move the bytes with plain reads and writes, straight
+# from and into the parameters: mapping the file instead cost a page fault per 4 KB.
 
 SPARE = ".spare.safetensors"
 _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -82,16 +84,18 @@ def published_path(folder: Path, version: int) -> Path:
     return folder / f"weights-{version:06d}.safetensors"
 
 
-def mapped_tensors(path: Path, writable: bool = False) -> dict[str, torch.Tensor]:
-    """The tensors of safetensors file `path` as views of its pages (a shared mapping: with
-    `writable`, writes to them go to the file)."""
-    raw = torch.from_file(str(path), shared=writable, size=path.stat().st_size, dtype=torch.uint8)
-    n = int.from_bytes(raw[:8].numpy().tobytes(), "little")
-    header = json.loads(raw[8:8 + n].numpy().tobytes())
+def _header(path: Path) -> tuple[int, dict]:
+    """(where the data starts, {name: {dtype, shape, data_offsets}}) of safetensors file `path`."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
     header.pop("__metadata__", None)
-    start = 8 + n
-    return {name: raw[start + h["data_offsets"][0]:start + h["data_offsets"][1]].view(_DTYPES[h["dtype"]]).view(h["shape"])
-            for name, h in header.items()}
+    return 8 + n, header
+
+
+def _bytes(t: torch.Tensor):
+    """The bytes of contiguous tensor `t`, shared, as a buffer (writable: a read can fill it)."""
+    return t.detach().reshape(-1).view(torch.uint8).numpy()
 
 
 def publish(model: torch.nn.Module, folder: Path, version: int) -> Path:
@@ -102,18 +106,19 @@ def publish(model: torch.nn.Module, folder: Path, version: int) -> Path:
     tmp = path.with_name(f".{path.name}.tmp")
     weights = {name: w.detach().to("cpu").contiguous() for name, w in named_weights(model)}
     spare = folder / SPARE
-    target = mapped_tensors(spare, writable=True) if spare.exists() else {}
-    if target.keys() == weights.keys() and all(t.dtype == w.dtype and t.shape == w.shape for t, w in zip(target.values(), (weights[k] for k in target))):
+    start, header = _header(spare) if spare.exists() else (0, {})
+    if header.keys() == weights.keys() and all(
+            _DTYPES.get(h["dtype"]) == weights[k].dtype and h["shape"] == list(weights[k].shape) for k, h in header.items()):
         os.replace(spare, tmp)
-        with torch.no_grad():
+        with open(tmp, "r+b") as f:
             for name, w in weights.items():
-                target[name].copy_(w)
+                f.seek(start + header[name]["data_offsets"][0])
+                f.write(_bytes(w))
     else:
         from safetensors.torch import save_file
 
         spare.unlink(missing_ok=True)
         save_file(weights, str(tmp))
-    del target  # unmapped: the pages are the file's
     os.replace(tmp, path)
     return path
 
@@ -124,8 +129,18 @@ def retire(folder: Path, version: int) -> None:
 
 
 def load_published(model: torch.nn.Module, folder: Path, version: int) -> None:
-    """Copy policy `version`, as `publish` wrote it, into `model` (same architecture), by name."""
+    """Copy policy `version`, as `publish` wrote it, into `model` (same architecture), by name:
+    read straight into each parameter, or converted where its dtype differs."""
+    path = published_path(folder, version)
+    start, header = _header(path)
     params = dict(model.named_parameters())
-    with torch.no_grad():
-        for name, w in mapped_tensors(published_path(folder, version)).items():
-            params[name].copy_(w)
+    with open(path, "rb") as f, torch.no_grad():
+        for name, h in header.items():
+            b, e = h["data_offsets"]
+            f.seek(start + b)
+            p, dtype = params[name], _DTYPES[h["dtype"]]
+            if p.dtype == dtype and list(p.shape) == h["shape"] and p.is_contiguous() and p.device.type == "cpu":
+                if f.readinto(_bytes(p)) != e - b:
+                    raise SearchRLError(f"published weights {path} end inside tensor {name}: the file is cut short")
+            else:
+                p.copy_(torch.frombuffer(bytearray(f.read(e - b)), dtype=dtype).view(h["shape"]))
