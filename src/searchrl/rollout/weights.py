@@ -51,13 +51,14 @@ def named_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 
 # -- published versions: how a trainer hands weights to a rollout worker in another process -------
 #
-# A version is a safetensors file in a folder of the run's own, in shared memory (/dev/shm) where the
-# machine has room for it: the hand-off is then a copy in RAM, not a write to disk, whose writeback
-# made the trainer's publish of SmolLM2-135M's 540 MB take 0.2-2.6 s (docs/results.md, "Asynchronous
-# training"). A version no order needs any more is not deleted but kept as a spare (`retire`): the
-# next `publish` writes its tensors into the spare's pages in place, which skips allocating and
-# zeroing 540 MB of fresh pages. Both sides move the bytes with plain reads and writes, straight
-# from and into the parameters: mapping the file instead cost a page fault per 4 KB.
+# A version is a safetensors file in a folder of the run's own, in shared memory (/dev/shm) where
+# the machine has room for it: the hand-off is then a copy in RAM, not a write to disk, whose
+# writeback made the trainer's publish of SmolLM2-135M's 540 MB take 0.2-2.6 s on a 2-core CPU
+# machine (here: 0.13-0.2 s; bench/async.py prints it). A version no order needs any more is not
+# deleted but kept as a spare (`retire`): the next `publish` writes its tensors into the spare's
+# pages in place, which skips allocating and zeroing 540 MB of fresh pages. Both sides move the
+# bytes with plain reads and writes, straight from and into the parameters: mapping the file
+# instead cost a page fault per 4 KB.
 
 SPARE = ".spare.safetensors"
 _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
