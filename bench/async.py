@@ -139,9 +139,9 @@ def run_one(args) -> None:
     from searchrl.config import load_config
     from searchrl.protocol import Protocol
     from searchrl.rl import step
-    from searchrl.rollout import async_worker as async_rollouts
     from searchrl.rl import trainer as rl_trainer
     from searchrl.rl.config import TrainConfig
+    from searchrl.rollout import async_worker as async_rollouts
     from searchrl.runlog import read_metrics
 
     install_workload(s["chunk"], Protocol.named("search-r1").tags)

@@ -12,7 +12,15 @@ import torch
 from safetensors.torch import load_file
 
 from searchrl.assets import load_model
-from searchrl.rollout.weights import SPARE, load_published, publish, published_path, retire, weights_bytes, weights_folder
+from searchrl.rollout.weights import (
+    SPARE,
+    load_published,
+    publish,
+    published_path,
+    retire,
+    weights_bytes,
+    weights_folder,
+)
 
 
 def _perturbed(model, seed: int):

@@ -42,7 +42,14 @@ from searchrl.errors import SearchRLError
 from searchrl.protocol import Protocol
 from searchrl.retrieval.querycache import RetrievalCounts
 from searchrl.rl.config import TrainConfig
-from searchrl.rollout.weights import load_published, publish, published_path, retire, weights_bytes, weights_folder
+from searchrl.rollout.weights import (
+    load_published,
+    publish,
+    published_path,
+    retire,
+    weights_bytes,
+    weights_folder,
+)
 from searchrl.toolformat.protocol import NativeProtocol
 
 
