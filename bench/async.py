@@ -8,7 +8,9 @@ on its own core and the other idles, which is what lockstep costs (generation wa
 update and the update for generation).
 
 Workload: `searchrl.rl.trainer.train` on the demo recipe (configs/demo-cpu.yaml: BM25 over the toy
-world, Reinforce++, one optimizer step per batch), Stage 1 only, sampling at temperature 1, with a
+world, Reinforce++, one optimizer step per batch) with the update in bf16 autocast over float32
+weights (`dtype: bfloat16`, as configs/toolcall-demo-cpu.yaml; --dtype float32 for the demo's own
+setting, whose update takes ~2x as long), Stage 1 only, sampling at temperature 1, with a
 long tail of searches. A model that is not trained to search rarely does, so the hf backend is
 wrapped (`LongTailBackend`) to search on a fixed plan: every `--chunk` sampled tokens a rollout
 either writes a query (`<search> ... </search>`, a toy-world question's first words; the engine
@@ -18,16 +20,22 @@ answer (`<answer> ... </answer>`), which ends it. Rollout h searches SEARCHES[h 
 four-search rollouts, as the search agents' batches do. The written tags count as policy tokens
 (they are in the loss) with a behaviour log-prob of 0; sampled text is the model's. Rewards are
 the stage's plus bench/trainer.py's `toy_reward` (a hash of the text), so every group has variance
-and no update is skipped.
+and no update is skipped. Generation is float32 in both modes whatever --dtype (the hf backend on
+CPU, `rl.policy.rollout_autocast`).
 
 Measured: the first --warmup steps of each run are dropped (model load, the async pipeline
 filling); over the rest, from each run's metrics.jsonl: updates per hour (3600 / mean
-`step_seconds`), policy tokens per second (policy tokens of the rollouts / step seconds), and the
-async run's mean `staleness_mean` and `trainer_idle_share`. The ideal overlap bound is the sync
-run's step time over the larger of its generation (`rollout_seconds`) and the rest of its step
+`step_seconds`), policy tokens per second (policy tokens of the rollouts / step seconds), the
+async run's mean `staleness_mean` and `trainer_idle_share`, each run's `update_seconds` (async's
+holds the weights hand-off) and the async trainer's seconds in `rollout.weights.publish`.
+`update_slowdown` is async's update, the hand-off taken out, over sync's: what sharing memory
+bandwidth and cache with the generating worker costs. The ideal overlap bound is the sync run's
+step time over the larger of its generation (`rollout_seconds`) and the rest of its step
 (scoring, log-probs, `update_seconds`: all that stays in the trainer): what perfect overlap of
 the two could give. Goal on a 2-core machine: async >= 1.3x sync updates/hour at max_staleness 1,
-and >= 0.85 of the bound. The last line holds `name=value` pairs, ratios first.
+and >= 0.85 of the bound. The last line holds `name=value` pairs, ratios first. The machine must
+be otherwise idle: other jobs' threads move to whichever core is free, so they slow sync and
+async unequally (beside ~8 other jobs, 3 timed steps of the same mode spread 136-327 s).
 
     python bench/async.py                 # SmolLM2-135M, 4+1 steps per mode, ~7 min on 2 cores
     python bench/async.py --quick         # tiny-random, a few tokens: seconds (a smoke run, not a measurement)
@@ -56,9 +64,9 @@ PROMPT = "Question: {question}\nSearch with {query_open} query {query_close}, th
 def settings(args) -> dict:
     """The workload: --quick's or the measurement's, with any of its keys given on the command line."""
     if args.quick:
-        s = {"model": "tiny-random", "prompts": 1, "group": 8, "chunk": 4, "micro_batch": 2, "steps": 3, "warmup": 1}
+        s = {"model": "tiny-random", "dtype": "bfloat16", "prompts": 1, "group": 8, "chunk": 4, "micro_batch": 2, "steps": 3, "warmup": 1}
     else:
-        s = {"model": "smollm2-135m", "prompts": 1, "group": 8, "chunk": 32, "micro_batch": 2, "steps": 2, "warmup": 1}
+        s = {"model": "smollm2-135m", "dtype": "bfloat16", "prompts": 1, "group": 8, "chunk": 32, "micro_batch": 2, "steps": 4, "warmup": 1}
     return {**s, **{k: getattr(args, k) for k in s if getattr(args, k) is not None}}
 
 
@@ -131,9 +139,9 @@ def run_one(args) -> None:
     from searchrl.config import load_config
     from searchrl.protocol import Protocol
     from searchrl.rl import step
-    from searchrl.rollout import async_worker as async_rollouts
     from searchrl.rl import trainer as rl_trainer
     from searchrl.rl.config import TrainConfig
+    from searchrl.rollout import async_worker as async_rollouts
     from searchrl.runlog import read_metrics
 
     install_workload(s["chunk"], Protocol.named("search-r1").tags)
@@ -146,12 +154,22 @@ def run_one(args) -> None:
         return dataclasses.replace(r, total=r.total + toy_reward("".join(x.text for x in traj.segments if x.source == "policy")))
 
     step.compute_reward = reward
+    published = []  # seconds of each weights hand-off on the trainer's side (in sync mode: none)
+    real_publish = async_rollouts.publish
+
+    def publish(*a, **kw):
+        t = time.perf_counter()
+        out = real_publish(*a, **kw)
+        published.append(time.perf_counter() - t)
+        return out
+
+    async_rollouts.publish = publish
     template = Path(args.work) / "prompt.txt"
     template.write_text(PROMPT)
     run_dir = Path(args.work) / args.mode
     budget = (max(SEARCHES) + 1) * (s["chunk"] + 24)  # the longest plan, with room for each written tag
     overrides = [
-        f"model={s['model']}", "device=cpu", "dtype=float32", f"out={run_dir}", "seed=0",
+        f"model={s['model']}", "device=cpu", f"dtype={s['dtype']}", f"out={run_dir}", "seed=0",
         f"protocol.template={template}", "rollout.temperature=1.0", "rollout.top_p=1.0", "rollout.k=1",
         f"rollout.max_searches={max(SEARCHES)}", f"rollout.max_new_tokens={budget}",
         f"rollout.batch_size={s['prompts'] * s['group']}",
@@ -180,6 +198,8 @@ def run_one(args) -> None:
         "trainer_s": mean("step_seconds") - mean("rollout_seconds"),
         "policy_tokens": mean("response_tokens") * rollouts, "searches": mean("searches"),
         "staleness": mean("staleness_mean"), "idle": mean("trainer_idle_share"), "wall_s": wall, "steps": len(timed),
+        "publish_s": statistics.fmean(published[-len(timed):]) if published else 0.0,
+        "each_step_s": [r["step_seconds"] for r in timed], "each_update_s": [r["update_seconds"] for r in timed],
     }), flush=True)
 
 
@@ -193,6 +213,8 @@ def main() -> None:
     ap.add_argument("--max-staleness", type=int, default=1, help="the async run's rollout.max_staleness")
     ap.add_argument("--cpus", default="0,1", help="two cores: the rollout worker's, then the trainer's")
     ap.add_argument("--model", help="model name or folder (default: smollm2-135m; --quick: tiny-random)")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], help="the recipe's compute dtype (default: bfloat16, "
+                    "as configs/toolcall-demo-cpu.yaml: bf16 autocast over float32 weights in the update)")
     for k, what in (("prompts", "questions a step"), ("group", "rollouts per question"), ("chunk", "sampled tokens between tags"),
                     ("micro_batch", "rows per update micro-batch"),
                     ("steps", "timed steps per run"), ("warmup", "steps dropped first")):
@@ -228,15 +250,19 @@ def main() -> None:
         r["tok_s"] = r["policy_tokens"] / r["step_s"]
     bound = sy["step_s"] / max(sy["rollout_s"], sy["trainer_s"])
     ratio = asy["updates_per_h"] / sy["updates_per_h"]
-    print(f"{s['model']}: {s['prompts']} questions x {s['group']} rollouts a step, searches per rollout {SEARCHES} "
+    print(f"{s['model']} ({s['dtype']} update): {s['prompts']} questions x {s['group']} rollouts a step, searches per rollout {SEARCHES} "
           f"(mean {statistics.fmean(SEARCHES):.2f}), {s['chunk']} sampled tokens between tags; {s['steps']} timed steps "
           f"after {s['warmup']}; worker core {args.cpus[0]}, trainer core {args.cpus[1]}, 1 thread each; "
           f"async max_staleness {args.max_staleness}")
-    print(f"{'mode':6} {'s/step':>8} {'gen s':>8} {'trainer s':>10} {'updates/h':>10} {'policy tok/s':>13} {'searches':>9} "
-          f"{'staleness':>10} {'idle':>6}")
+    print(f"{'mode':6} {'s/step':>8} {'gen s':>8} {'trainer s':>10} {'update s':>9} {'publish s':>10} {'updates/h':>10} "
+          f"{'policy tok/s':>13} {'searches':>9} {'staleness':>10} {'idle':>6}  each step s")
     for name, r in (("sync", sy), ("async", asy)):
-        print(f"{name:6} {r['step_s']:8.2f} {r['rollout_s']:8.2f} {r['trainer_s']:10.2f} {r['updates_per_h']:10.1f} "
-              f"{r['tok_s']:13.1f} {r['searches']:9.1f} {r['staleness']:10.2f} {r['idle']:6.2f}")
+        print(f"{name:6} {r['step_s']:8.2f} {r['rollout_s']:8.2f} {r['trainer_s']:10.2f} {r['update_s']:9.2f} {r['publish_s']:10.2f} "
+              f"{r['updates_per_h']:10.1f} {r['tok_s']:13.1f} {r['searches']:9.1f} {r['staleness']:10.2f} {r['idle']:6.2f}  "
+              + " ".join(f"{x:.1f}" for x in r["each_step_s"]))
+    # What sharing the machine with a generating worker costs the update (the hand-off taken out).
+    slowdown = (asy["update_s"] - asy["publish_s"]) / sy["update_s"]
+    print(f"async update (hand-off taken out) / sync update {slowdown:.3f}; async publishes weights in {asy['publish_s']:.2f} s a step")
     print(f"async/sync updates per hour {ratio:.3f}; ideal overlap bound {bound:.3f} (sync step / max(generation, "
           f"trainer)); async reaches {ratio / bound:.3f} of it. Goal: >= 1.3 and >= 0.85.")
     pairs = {
@@ -244,9 +270,10 @@ def main() -> None:
         "bound": bound, "sync_updates_per_h": sy["updates_per_h"], "async_updates_per_h": asy["updates_per_h"],
         "sync_tok_s": sy["tok_s"], "async_tok_s": asy["tok_s"], "staleness_mean": asy["staleness"],
         "trainer_idle_share": asy["idle"], "sync_gen_s": sy["rollout_s"], "sync_trainer_s": sy["trainer_s"],
-        "sync_update_s": sy["update_s"],
+        "sync_update_s": sy["update_s"], "async_update_s": asy["update_s"], "async_publish_s": asy["publish_s"],
+        "update_slowdown": slowdown,
     }
-    print(" ".join(f"{k}={v:.3f}" for k, v in pairs.items()) + f" model={s['model']} steps={s['steps']} max_staleness={args.max_staleness}")
+    print(" ".join(f"{k}={v:.3f}" for k, v in pairs.items()) + f" model={s['model']} dtype={s['dtype']} steps={s['steps']} max_staleness={args.max_staleness}")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ from searchrl.rl.checkpoint import latest_checkpoint
 from searchrl.rl.config import TrainConfig
 from searchrl.rl.integrity import CHECKSUMS
 from searchrl.rl.trainer import train_command
-from searchrl.rollout.async_worker import WEIGHTS_FOLDER, AsyncRollouts
+from searchrl.rollout.async_worker import AsyncRollouts
+from searchrl.rollout.weights import weights_folder
 from searchrl.runlog import read_metrics
 
 PIPELINE = (mn.BUFFER_DEPTH, mn.DROPPED_GROUPS, mn.TRAINER_IDLE_SHARE)
@@ -153,6 +154,11 @@ main()
 """
 
 
+def _published(run: Path) -> bool:
+    """A folder of published weights of `run` exists (in /dev/shm, or in the run)."""
+    return weights_folder(run, 0).exists() or (run / "rollout-weights").exists()
+
+
 def _ended(pid: int) -> bool:
     """The process has ended (a zombie that nobody reaped has ended too)."""
     try:
@@ -167,7 +173,7 @@ def test_a_killed_trainer_resumes_without_losing_an_update_and_its_worker_ends(w
     stale = ("rollout.mode=async", "rollout.max_staleness=1", "stage1.steps=4", "logging.checkpoint_every=2")
     full = _run(world, tmp_path / "full", *stale)
     assert [r[mn.STALENESS_MAX] for r in read_metrics(full)] == [0, 1, 1, 1, 0]
-    assert not (full / WEIGHTS_FOLDER).exists()  # a complete run keeps no published weights
+    assert not _published(full)  # a complete run keeps no published weights
 
     crashed, mark, log = tmp_path / "crashed", tmp_path / "held", tmp_path / "trainer.log"
     dump_config(load_config(TrainConfig, None, _overrides(world, crashed, *stale)), tmp_path / "crashed.yaml")
@@ -191,6 +197,7 @@ def test_a_killed_trainer_resumes_without_losing_an_update_and_its_worker_ends(w
     while not all(_ended(pid) for pid in workers):  # a worker watches its trainer: no order comes any more
         assert time.monotonic() < deadline, f"the rollout worker (pid {workers}) outlived its killed trainer by 30 s"
         time.sleep(0.1)
+    assert not _published(crashed)  # the worker removed the killed trainer's weights (/dev/shm: RAM)
 
     assert len(read_metrics(crashed)) == 3 and latest_checkpoint(crashed).name == "step_0002"
     # step 3's batch (version 1's) is in the step-2 checkpoint; step 4's is version 2's, the checkpoint's own
@@ -199,5 +206,5 @@ def test_a_killed_trainer_resumes_without_losing_an_update_and_its_worker_ends(w
     _assert_close(_learning(full), _learning(crashed))
     final = latest_checkpoint(full).name
     assert max_change(_weights(full / "checkpoints" / final), _weights(crashed / "checkpoints" / final)) <= 1e-6
-    assert not (crashed / WEIGHTS_FOLDER).exists()
+    assert not _published(crashed)
 

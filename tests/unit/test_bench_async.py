@@ -1,6 +1,7 @@
 """bench/async.py --quick end to end on the tiny-random model: a sync run and an async run (its
 rollout worker pinned to core 0, the trainer to core 1) with the long tail of forced searches, and
-the last line reports the ratios first, then each mode's figures and the mean staleness. Also the
+the last line reports the ratios first, then each mode's figures, the async trainer's seconds in the
+weights hand-off and the mean staleness. Also the
 `rollout.worker_cpus` checks."""
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ def test_bench_async_quick():
     lines = proc.stdout.strip().splitlines()
     pairs = dict(kv.split("=", 1) for kv in lines[-1].split())
     assert list(pairs)[:3] == RATIOS  # ratios first
-    values = {k: float(v) for k, v in pairs.items() if k not in ("model", "steps", "max_staleness")}
-    assert all(v > 0 for k, v in values.items() if k != "trainer_idle_share"), values
+    values = {k: float(v) for k, v in pairs.items() if k not in ("model", "dtype", "steps", "max_staleness")}
+    assert all(v > 0 for k, v in values.items() if k not in ("trainer_idle_share", "async_publish_s")), values
     # Printed with 3 decimals: the ratios are the quotients of the printed figures, to rounding.
     assert values["ratio_updates_per_h"] == pytest.approx(values["async_updates_per_h"] / values["sync_updates_per_h"], rel=0.01)
     assert values["ratio_of_bound"] == pytest.approx(values["ratio_updates_per_h"] / values["bound"], rel=0.01, abs=2e-3)
@@ -38,7 +39,10 @@ def test_bench_async_quick():
     # At max_staleness 1 every timed step (after the first) trains on the previous version's rollouts.
     assert values["staleness_mean"] == pytest.approx(1.0)
     assert 0 <= values["trainer_idle_share"] <= 1
-    assert (pairs["model"], pairs["max_staleness"]) == ("tiny-random", "1")
+    assert (pairs["model"], pairs["dtype"], pairs["max_staleness"]) == ("tiny-random", "bfloat16", "1")
+    # The update's seconds hold the weights hand-off (tiny-random's: milliseconds), which only async does.
+    assert 0 <= values["async_publish_s"] < values["async_update_s"]
+    assert values["update_slowdown"] == pytest.approx((values["async_update_s"] - values["async_publish_s"]) / values["sync_update_s"], rel=0.02, abs=2e-3)
     assert any(ln.startswith("sync ") for ln in lines) and any(ln.startswith("async ") for ln in lines)
 
 

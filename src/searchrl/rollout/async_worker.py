@@ -14,8 +14,10 @@ and takes versioned trajectories; it offers the same calls as the synchronous `R
   sampled with a seed derived from the order's seed and i (shard 0 keeps the order's own); the
   trainer joins the shards back in question order. The batch is a function of (seed, version, N).
 - **Weights.** After every update the trainer writes the weights as a versioned safetensors file
-  (`rollout.weights.publish`: temp name, then rename) in the run's `rollout-weights/` folder,
-  kept while an order not yet collected needs it; the folder goes when the run ends. (A run
+  (`rollout.weights.publish`: temp name, then rename) in a folder of the run's, in shared memory
+  (/dev/shm) where the machine has room, else the run's `rollout-weights/`; a version stays while
+  an order not yet collected needs it, then its file is rewritten in place as a later one
+  (`retire`); the folder goes when the run ends. (A run
   resumed mid-stage needs no old weights: the checkpoint holds the batches generated ahead,
   `rl.async_ranks`.) A local worker's
   backend (`rollout.backend`: hf, or a vLLM engine of its own) loads the version an order names
@@ -53,12 +55,10 @@ from searchrl.errors import SearchRLError
 from searchrl.protocol import Protocol
 from searchrl.retrieval.querycache import RetrievalCounts
 from searchrl.rl.config import TrainConfig
-from searchrl.rollout.weights import publish
+from searchrl.rollout.weights import publish, retire, version_of, weights_bytes, weights_folder
 from searchrl.rollout.worker_links import LocalLink, Lost, RemoteLink
 from searchrl.rollout.worker_process import Batch, Failed, worker_main
 from searchrl.toolformat.protocol import NativeProtocol
-
-WEIGHTS_FOLDER = "rollout-weights"  # in the run directory: the published versions
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,8 @@ class AsyncRollouts:
         cpus = cfg.rollout.worker_cpus
         if cpus and max(cpus) >= (os.cpu_count() or 1):  # refused here, before a process starts for nothing
             raise SearchRLError(f"rollout.worker_cpus={cpus}: this machine has cores 0..{(os.cpu_count() or 1) - 1}")
-        self._folder = Path(cfg.out) / WEIGHTS_FOLDER
+        # At most max_staleness + 2 versions at once, and the spare (rollout/weights.py).
+        self._folder = weights_folder(Path(cfg.out), weights_bytes(model) * (cfg.rollout.max_staleness + 3))
         shutil.rmtree(self._folder, ignore_errors=True)  # a killed run's: a resume needs none of them
         self._folder.mkdir(parents=True)
         publish(model, self._folder, version)
@@ -219,11 +220,11 @@ class AsyncRollouts:
         return sum(1 for part in shards(order, len(self._links)) if part.questions)
 
     def _forget(self) -> None:
-        """Delete the published versions older than any order not yet collected needs."""
+        """Retire the published versions older than any order not yet collected needs."""
         needed = min(self._needed(), self.version)
         for path in self._folder.glob("weights-*.safetensors"):
-            if _version_of(path) < needed:
-                path.unlink(missing_ok=True)
+            if version_of(path) < needed:
+                retire(self._folder, version_of(path))
 
     def _admit(self) -> None:
         while self._pending and self._pending[0].version <= self.version:
@@ -266,11 +267,3 @@ class AsyncRollouts:
                 raise SearchRLError(f"the rollout worker {self._links[i].name} failed while the trainer waited {waiting}; "
                                     f"the run stops here. {resume}. Its error:\n{msg.error}")
             return i, msg
-
-
-def _version_of(path: Path) -> int:
-    """The policy version of a published file, weights-000003.safetensors; -1 for any other name."""
-    stem = path.name.removesuffix(".safetensors")
-    return int(stem[len("weights-"):]) if path.name.endswith(".safetensors") and stem[len("weights-"):].isdigit() else -1
-
-

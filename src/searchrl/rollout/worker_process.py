@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import multiprocessing as mp
 import os
+import shutil
 import threading
 import traceback
 from dataclasses import dataclass
@@ -96,7 +97,7 @@ def worker_main(cfg: TrainConfig, folder: Path, orders, results) -> None:
     continuing = cfg.rollout.partial == "continue"
     parent = mp.parent_process()
     if parent is not None:
-        threading.Thread(target=_exit_with, args=(parent,), name="exit-with-trainer", daemon=True).start()
+        threading.Thread(target=_exit_with, args=(parent, folder), name="exit-with-trainer", daemon=True).start()
     try:
         if cfg.rollout.worker_cpus:  # before the model loads: torch's threads start on these cores
             pin_cpus(cfg.rollout.worker_cpus, "the rollout worker")
@@ -120,9 +121,11 @@ def worker_main(cfg: TrainConfig, folder: Path, orders, results) -> None:
             agent.close()
 
 
-def _exit_with(parent) -> None:
+def _exit_with(parent, folder: Path) -> None:
     """End the worker process as soon as its trainer ends. A trainer that closes the worker ends
     after it; one killed (SIGKILL runs no cleanup) leaves nobody to serve, and finishing the batch
-    in flight, or a batch too large for the pipe to a dead reader, would keep the worker alive."""
+    in flight, or a batch too large for the pipe to a dead reader, would keep the worker alive.
+    The killed trainer's published weights go too: in /dev/shm they would hold RAM until reboot."""
     parent.join()
+    shutil.rmtree(folder, ignore_errors=True)
     os._exit(1)
