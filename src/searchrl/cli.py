@@ -383,6 +383,20 @@ def eval_compare(
     compare_command(runs, out)
 
 
+@eval_app.command("by-type")
+def eval_by_type(
+    runs: list[str] = typer.Argument(..., help="Folders written by `searchrl eval run --out` on the same questions; LABEL=DIR names a run (default: its folder's name)."),
+    out: str = typer.Option(..., "--out", help="Folder for by_type.md (the tables) and by_type.png (bars with error bars)."),
+    baseline: str | None = typer.Option(None, "--baseline", help="A run's name: add every other run's difference to it per type, with paired bootstrap intervals."),
+    resamples: int = typer.Option(10_000, "--resamples", min=1, help="Bootstrap resamples per estimate."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap resamples."),
+) -> None:
+    """EM, F1 and cover-EM per question type with bootstrap 95 % intervals, for runs on the same questions."""
+    from searchrl.eval.by_type import by_type_command
+
+    by_type_command(runs, out, baseline, resamples, seed)
+
+
 def _names(value: str | None) -> list[str] | None:
     return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
 
