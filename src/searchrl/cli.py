@@ -397,6 +397,28 @@ def eval_by_type(
     by_type_command(runs, out, baseline, resamples, seed)
 
 
+@eval_app.command("second-hop")
+def eval_second_hop(
+    model: str | None = typer.Option(None, "--model", help="smollm2-135m (default), tiny-random, a checkpoint or hub id."),
+    dataset: str | None = typer.Option(None, "--dataset", help="Questions with supporting passages in hop order (default toyworld:test)."),
+    index: str | None = typer.Option(None, "--index", help="retrieval.index: a local index (the gold first search reads passage titles from it)."),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="The first N questions of the dataset, of which the multi-hop types are probed."),
+    types: str | None = typer.Option(None, "--types", help="Comma-separated question types (default bridge-2hop,bridge-3hop,inference)."),
+    k: int | None = typer.Option(None, "-k", "--k", min=1, help="rollout.k: passages per search."),
+    max_searches: int | None = typer.Option(None, "--max-searches", min=1, help="rollout.max_searches of a whole rollout; the continuation gets the rest."),
+    max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", min=1, help="rollout.max_new_tokens of a whole rollout."),
+    out: str = typer.Option(..., "--out", help="Folder for second_hop.md, second_hop.jsonl, config.yaml."),
+    config: str | None = typer.Option(None, "--config", help="YAML file of EvalConfig fields (an `eval run` config.yaml will do)."),
+    overrides: list[str] | None = typer.Option(None, "--set", help="key=value override of an EvalConfig field (repeatable)."),
+) -> None:
+    """Where the second hop fails: the retrieval ceiling per hop, and what the model does after the gold first search."""
+    from searchrl.rollout.second_hop import second_hop_command
+
+    flags = {"model": model, "dataset": dataset, "retrieval.index": index, "limit": limit, "rollout.k": k,
+             "rollout.max_searches": max_searches, "rollout.max_new_tokens": max_new_tokens}
+    second_hop_command(config, overrides or [], flags, _names(types), out)
+
+
 def _names(value: str | None) -> list[str] | None:
     return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
 

@@ -1,0 +1,124 @@
+"""`searchrl eval second-hop`: where a model's second hop fails, measured on the multi-hop
+questions of an evaluation config (docs/results.md#multi-hop-where-the-second-hop-fails).
+
+1. The retrieval ceiling (`eval.second_hop.hop_ranks`): each supporting passage's rank for its
+   title as the query and for the question as the query.
+2. The next step: the gold first search (`rollout.gold`: the first supporting passage's title as
+   the query, in the SFT trajectories' words "First I search for Q.") and the documents it
+   returns are written after the prompt, then the model goes on greedily as in `eval run`, with
+   the searches and policy tokens that remain; its next step is read by
+   `eval.second_hop.next_step`.
+
+The continuation starts from the text prompt + first turn + documents, encoded as one prompt; the
+record says whether those ids equal the engine's own (each piece encoded on its own).
+
+Writes `OUT/second_hop.md` (both tables) and `OUT/second_hop.jsonl` (a record per question).
+Tag protocols only: the probe writes the first turn as text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from searchrl.agent import Agent, build_agent
+from searchrl.config import dump_config, flag_overrides, load_config
+from searchrl.data.types import Question
+from searchrl.errors import SearchRLError
+from searchrl.eval.config import EvalConfig
+from searchrl.eval.second_hop import NEXT_HEADER, ceiling_rows, hop_ranks, next_step, next_step_rows
+from searchrl.protocol import Protocol
+from searchrl.rollout.config import RolloutConfig
+from searchrl.rollout.engine import RolloutEngine
+from searchrl.rollout.gold import gold_paths, support_passages
+from searchrl.tables import markdown_table
+
+TYPES = ("bridge-2hop", "bridge-3hop", "inference")
+KS = (1, 3, 5)
+
+
+def probe(agent: Agent, rollout: RolloutConfig, questions: Sequence[Question]) -> tuple[list[dict], int]:
+    """(a record per question whose first supporting passage a gold query finds, questions left
+    out): the model's continuation after the gold first search, read by `next_step`. `rollout`:
+    the settings of a whole rollout; the continuation gets the searches left (at least one) and
+    the policy tokens the written first turn left."""
+    protocol, backend = agent.protocol, agent.backend
+    first_hops = [dataclasses.replace(q, supporting_ids=q.supporting_ids[:1]) for q in questions]
+    paths = gold_paths(first_hops, agent.retriever, rollout.k, 1)
+    kept = [(q, p) for q, p in zip(questions, paths) if p is not None]
+    titles = {pid: p.title for pid, p in support_passages(agent.retriever, {q.supporting_ids[1] for q, _ in kept}).items()}
+    firsts = [path.texts(protocol.tags, protocol.think_opened_in_prompt)[0] for _, path in kept]
+    written = max((len(backend.encode(first)) for first in firsts), default=0)
+    if written >= rollout.max_new_tokens:
+        raise SearchRLError(f"the written first turn takes {written} policy tokens, rollout.max_new_tokens is "
+                            f"{rollout.max_new_tokens}: raise it")
+    engine = RolloutEngine(backend, agent.retriever, protocol, rollout.model_copy(
+        update={"max_searches": max(rollout.max_searches - 1, 1), "max_new_tokens": rollout.max_new_tokens - written}))
+    prompts, seen, same = [], [], []
+    for (q, path), first in zip(kept, firsts):
+        prompt = protocol.prompt(q.question, backend.tokenizer)
+        doc_ids, docs = engine.documents(path.searches[0][1])
+        prompts.append(prompt + first + docs)
+        seen.append(docs)
+        same.append(backend.encode(prompts[-1], prompt=True) == backend.encode(prompt, prompt=True) + backend.encode(first) + doc_ids)
+    trajs = engine.run([q for q, _ in kept], prompts)
+    out = []
+    for (q, path), docs, t, exact in zip(kept, seen, trajs, same):
+        query = t.queries[0] if t.queries else None
+        found = bool(t.retrieved_ids) and q.supporting_ids[1] in t.retrieved_ids[0]
+        final = t.answer if t.answer is not None else protocol.answer(t.segments, cut_short=True)
+        step = next_step(q, path.searches[0][0], docs, titles[q.supporting_ids[1]], query, found,
+                         None if query is not None else final, final)
+        out.append({"id": q.id, "type": q.type, "question": q.question, "answers": list(q.answers),
+                    "first_query": path.searches[0][0], "bridge_title": titles[q.supporting_ids[1]],
+                    "continuation": "".join(s.text for s in t.segments), "query": query, "final": final,
+                    "prompt_ids_exact": exact, **dataclasses.asdict(step)})
+    return out, len(questions) - len(kept)
+
+
+def second_hop_command(config: str | None, overrides: Sequence[str], flags: dict, types: Sequence[str] | None,
+                       out: str) -> str:
+    """Run both measurements on `types` of the config's questions; write and return the Markdown."""
+    from searchrl.data.catalog import load_dataset
+    from searchrl.eval.second_hop import NextStep
+
+    cfg = load_config(EvalConfig, config, list(overrides) + flag_overrides(flags, overrides))
+    types = tuple(types or TYPES)
+    questions = load_dataset(cfg.dataset)[: cfg.limit]
+    chosen = [q for q in questions if q.type in types and len(q.supporting_ids) >= 2]
+    if not chosen:
+        raise SearchRLError(f"no question of type {', '.join(types)} with two or more supporting passages in "
+                            f"the first {len(questions)} of {cfg.dataset}")
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    agent = build_agent(cfg)
+    try:
+        if not isinstance(agent.protocol, Protocol):
+            raise SearchRLError("eval second-hop writes the first search as text: use a tag protocol (protocol.format: tags)")
+        ids = {i for q in chosen for i in q.supporting_ids}
+        titles = {pid: p.title for pid, p in support_passages(agent.retriever, ids).items()}
+        ranks = hop_ranks(chosen, titles, agent.retriever, max(KS))
+        records, left_out = probe(agent, cfg.rollout, chosen)
+    finally:
+        agent.close()
+    steps = [NextStep(**{f.name: r[f.name] for f in dataclasses.fields(NextStep)}) for r in records]
+    header, rows = ceiling_rows(ranks, KS)
+    right = lambda h: [i > 0 for i in range(len(h))]  # noqa: E731
+    exact = sum(r["prompt_ids_exact"] for r in records)
+    text = (f"{len(chosen)} questions ({', '.join(types)}) of the first {len(questions)} of {cfg.dataset}; model "
+            f"{cfg.model}, k = {cfg.rollout.k}, {time.perf_counter() - started:.0f} s.\n\n"
+            "Retrieval ceiling: each supporting passage in the top k for its title, and for the question\n\n"
+            + markdown_table(header, rows, right(header))
+            + f"\nAfter the gold first search ({len(records)} questions; {left_out} whose first passage no gold query "
+            f"finds at k = {cfg.rollout.k} left out; continuation ids equal the engine's for {exact}):\n\n"
+            + markdown_table(NEXT_HEADER, next_step_rows(steps), right(NEXT_HEADER)))
+    (folder / "second_hop.md").write_text(text, encoding="utf-8")
+    with open(folder / "second_hop.jsonl", "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    dump_config(cfg, folder / "config.yaml")
+    print(text)
+    return text
