@@ -107,15 +107,14 @@ def second_hop_command(config: str | None, overrides: Sequence[str], flags: dict
         agent.close()
     steps = [NextStep(**{f.name: r[f.name] for f in dataclasses.fields(NextStep)}) for r in records]
     header, rows = ceiling_rows(ranks, KS)
-    right = lambda h: [i > 0 for i in range(len(h))]  # noqa: E731
     exact = sum(r["prompt_ids_exact"] for r in records)
     text = (f"{len(chosen)} questions ({', '.join(types)}) of the first {len(questions)} of {cfg.dataset}; model "
             f"{cfg.model}, k = {cfg.rollout.k}, {time.perf_counter() - started:.0f} s.\n\n"
             "Retrieval ceiling: each supporting passage in the top k for its title, and for the question\n\n"
-            + markdown_table(header, rows, right(header))
+            + markdown_table(header, rows, [h not in ("type", "hop") for h in header])
             + f"\nAfter the gold first search ({len(records)} questions; {left_out} whose first passage no gold query "
             f"finds at k = {cfg.rollout.k} left out; continuation ids equal the engine's for {exact}):\n\n"
-            + markdown_table(NEXT_HEADER, next_step_rows(steps), right(NEXT_HEADER)))
+            + markdown_table(NEXT_HEADER, next_step_rows(steps), [h != "type" for h in NEXT_HEADER]))
     (folder / "second_hop.md").write_text(text, encoding="utf-8")
     with open(folder / "second_hop.jsonl", "w", encoding="utf-8") as f:
         f.writelines(json.dumps(r) + "\n" for r in records)
