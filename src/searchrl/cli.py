@@ -390,11 +390,12 @@ def eval_by_type(
     baseline: str | None = typer.Option(None, "--baseline", help="A run's name: add every other run's difference to it per type, with paired bootstrap intervals."),
     resamples: int = typer.Option(10_000, "--resamples", min=1, help="Bootstrap resamples per estimate."),
     seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap resamples."),
+    common: bool = typer.Option(False, "--common", help="Compare the questions every run answered (a run stopped early) instead of refusing runs on different questions."),
 ) -> None:
     """EM, F1 and cover-EM per question type with bootstrap 95 % intervals, for runs on the same questions."""
     from searchrl.eval.by_type import by_type_command
 
-    by_type_command(runs, out, baseline, resamples, seed)
+    by_type_command(runs, out, baseline, resamples, seed, common)
 
 
 @eval_app.command("second-hop")

@@ -87,8 +87,12 @@ def test_refuses_runs_on_other_questions_and_clashing_names(tmp_path, runs):
     few = tmp_path / "few"
     few.mkdir()
     (few / "predictions.jsonl").write_text(json.dumps({"id": "q1", "type": "A", "answers": ["Paris"], "prediction": "x"}) + "\n")
-    with pytest.raises(SearchRLError, match="answered different questions .*3 only in 'x'"):
+    with pytest.raises(SearchRLError, match="answered different questions .*3 only in 'x'.*--common"):
         by_type([read_run("x", runs[0]), read_run("few", few)])
+    # --common: q1 alone, which x answered right and `few` wrong
+    common = by_type([read_run("x", runs[0]), read_run("few", few)], common=True, resamples=100)
+    assert common.types == {"all": 1, "A": 1} and common.scores["em"]["x"]["all"].mean == 1.0
+    assert common.scores["em"]["few"]["A"].mean == 0.0
     with pytest.raises(SearchRLError, match="two runs share a name"):
         by_type([read_run("x", runs[0]), read_run("x", runs[1])])
     with pytest.raises(SearchRLError, match="baseline 'z' is none of the runs"):
@@ -108,8 +112,17 @@ def test_command_writes_markdown_and_plot(tmp_path, runs):
                                       "--baseline", "y", "--resamples", "2000"], env={"TTY_COMPATIBLE": "0"})
     assert result.exit_code == 0, result.output
     text = (out / "by_type.md").read_text()
-    assert text.startswith("2000 bootstrap resamples, seed 0.")
+    assert text.startswith("4 questions answered by every run. 2000 bootstrap resamples, seed 0.")
     assert "| mine | 25.0 [0.0, 75.0] | 50.0 [0.0, 100.0] | 0.0 [0.0, 0.0] |" in text
     assert "EM points minus y" in text and "| mine |" in result.stdout
     png = (out / "by_type.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_common_says_what_each_run_had_beyond_the_shared_questions(tmp_path, runs):
+    few = tmp_path / "few"
+    few.mkdir()
+    (few / "predictions.jsonl").write_text(json.dumps({"id": "q2", "type": "A", "answers": ["New York"], "prediction": "New York"}) + "\n")
+    text = bt.by_type_command([str(runs[0]), str(few)], str(tmp_path / "cmp"), resamples=100, common=True)
+    assert text.startswith("1 questions answered by every run. x: 3 left out. 100 bootstrap resamples")
+    assert "| x | 0.0 [0.0, 0.0] | 0.0 [0.0, 0.0] |" in text and "| few | 100.0 [100.0, 100.0] |" in text

@@ -12,7 +12,8 @@ bootstrap of the per-question differences.
 Writes `OUT/by_type.md` (one table per metric: a row per run, a column per type, cells
 `score [low, high]` in percent; then the paired differences) and `OUT/by_type.png` (a panel per
 metric, a bar per run and type, the intervals as error bars). Runs are named by their folder, or
-by `LABEL=DIR`.
+by `LABEL=DIR`. `common`: compare the questions every run answered (a run stopped early), saying
+how many each run had beyond them.
 """
 
 from __future__ import annotations
@@ -80,23 +81,29 @@ def read_run(name: str, folder: Path) -> RunScores:
     return RunScores(name, tuple(ids), tuple(types), {k: np.asarray(v, dtype=float) for k, v in scores.items()})
 
 
-def aligned(runs: Sequence[RunScores]) -> list[RunScores]:
-    """`runs` with every run's questions in the first run's order; an error when the runs did not
-    answer the same questions (intervals and paired differences need the same ones)."""
+def aligned(runs: Sequence[RunScores], common: bool = False) -> list[RunScores]:
+    """`runs` with every run's questions in the first run's order. Runs that did not answer the
+    same questions are an error (intervals and paired differences need the same ones), unless
+    `common`: then only the questions every run answered are kept (a run stopped early)."""
     first = runs[0]
-    order = {qid: i for i, qid in enumerate(first.ids)}
-    out = [first]
+    shared = set(first.ids).intersection(*(r.ids for r in runs[1:]))
     for run in runs[1:]:
-        if set(run.ids) != set(first.ids):
+        if set(run.ids) != set(first.ids) and not common:
             only = len(set(run.ids) - set(first.ids))
             missing = len(set(first.ids) - set(run.ids))
             raise SearchRLError(
                 f"runs {first.name!r} and {run.name!r} answered different questions ({len(first.ids)} and {len(run.ids)}; "
-                f"{only} only in {run.name!r}, {missing} only in {first.name!r}): evaluate them on the same dataset and --limit"
+                f"{only} only in {run.name!r}, {missing} only in {first.name!r}): evaluate them on the same dataset and "
+                "--limit, or compare the questions all runs answered (--common)"
             )
-        perm = np.argsort([order[qid] for qid in run.ids])
-        out.append(RunScores(run.name, first.ids, tuple(run.types[i] for i in perm),
-                             {k: v[perm] for k, v in run.scores.items()}))
+    if not shared:
+        raise SearchRLError(f"runs {', '.join(r.name for r in runs)} have no question in common")
+    ids = tuple(qid for qid in first.ids if qid in shared)
+    out = []
+    for run in runs:
+        where = {qid: i for i, qid in enumerate(run.ids)}
+        pick = np.array([where[qid] for qid in ids])
+        out.append(RunScores(run.name, ids, tuple(run.types[i] for i in pick), {k: v[pick] for k, v in run.scores.items()}))
     return out
 
 
@@ -150,10 +157,12 @@ class ByType:
     baseline: str | None
 
 
-def by_type(runs: Sequence[RunScores], baseline: str | None = None, resamples: int = 10_000, seed: int = 0) -> ByType:
-    """The comparison of `runs` (same questions, `aligned`). Every estimate draws its resamples from
-    the same seed, so a type's intervals of all runs use the same question indices."""
-    runs = aligned(runs)
+def by_type(runs: Sequence[RunScores], baseline: str | None = None, resamples: int = 10_000, seed: int = 0,
+            common: bool = False) -> ByType:
+    """The comparison of `runs` (same questions, or with `common` those all answered: `aligned`).
+    Every estimate draws its resamples from the same seed, so a type's intervals of all runs use
+    the same question indices."""
+    runs = aligned(runs, common)
     names = [r.name for r in runs]
     if len(set(names)) != len(names):
         raise SearchRLError(f"two runs share a name ({', '.join(names)}): name them LABEL=DIR")
@@ -200,14 +209,15 @@ def plot(result: ByType, path: Path) -> Path:
 
 
 def by_type_command(specs: Sequence[str], out: str, baseline: str | None = None, resamples: int = 10_000, seed: int = 0,
-                    console: Console | None = None) -> str:
+                    common: bool = False, console: Console | None = None) -> str:
     """`searchrl eval by-type`: the tables on screen, then `OUT/by_type.md` and `OUT/by_type.png`;
     returns the Markdown."""
     if not specs:
         raise SearchRLError("give at least one run folder")
     if resamples < 100:
         raise SearchRLError(f"--resamples {resamples} is too few for a 95 % interval: give 1000 or more")
-    result = by_type([read_run(*parse_run(spec)) for spec in specs], baseline, resamples, seed)
+    runs = [read_run(*parse_run(spec)) for spec in specs]
+    result = by_type(runs, baseline, resamples, seed, common)
     console = console or Console()
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
@@ -217,7 +227,9 @@ def by_type_command(specs: Sequence[str], out: str, baseline: str | None = None,
         print_table(console, [Column(h, right=r) for h, r in zip(header, right)], rows, title=title, keep=2,
                     elsewhere=str(folder / "by_type.md"))
         markdown.append(f"{title}\n\n{markdown_table(header, rows, right)}")
-    text = f"{resamples} bootstrap resamples, seed {seed}.\n\n" + "\n".join(markdown)
+    kept = result.types[ALL]
+    left = "".join(f" {r.name}: {len(r.ids) - kept} left out." for r in runs if len(r.ids) > kept)
+    text = f"{kept} questions answered by every run.{left} {resamples} bootstrap resamples, seed {seed}.\n\n" + "\n".join(markdown)
     (folder / "by_type.md").write_text(text, encoding="utf-8")
     png = plot(result, folder / "by_type.png")
     Console(stderr=True).print(f"wrote {folder / 'by_type.md'}, {png}", highlight=False, markup=False)
