@@ -411,13 +411,15 @@ def eval_second_hop(
     out: str = typer.Option(..., "--out", help="Folder for second_hop.md, second_hop.jsonl, config.yaml."),
     config: str | None = typer.Option(None, "--config", help="YAML file of EvalConfig fields (an `eval run` config.yaml will do)."),
     overrides: list[str] | None = typer.Option(None, "--set", help="key=value override of an EvalConfig field (repeatable)."),
+    runs: list[str] | None = typer.Option(None, "--run", help="An `eval run` folder of an agent on these questions: how its own queries name the entities (repeatable)."),
+    run_probe: bool = typer.Option(True, "--probe/--no-probe", help="--no-probe: load no model; the retrieval ceiling and the --run tables only."),
 ) -> None:
     """Where the second hop fails: the retrieval ceiling per hop, and what the model does after the gold first search."""
     from searchrl.rollout.second_hop import second_hop_command
 
     flags = {"model": model, "dataset": dataset, "retrieval.index": index, "limit": limit, "rollout.k": k,
              "rollout.max_searches": max_searches, "rollout.max_new_tokens": max_new_tokens}
-    second_hop_command(config, overrides or [], flags, _names(types), out)
+    second_hop_command(config, overrides or [], flags, _names(types), out, runs or [], run_probe)
 
 
 def _names(value: str | None) -> list[str] | None:

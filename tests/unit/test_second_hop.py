@@ -29,16 +29,19 @@ def test_doctests():
     assert doctest.testmod(second_hop).failed == 0
 
 
-@pytest.mark.parametrize(("query", "bridge", "gold", "repeats", "first"), [
-    ("Kheno Muard birthplace", True, True, False, False),
-    ("Muard", True, True, False, False),  # part of the name is the entity
-    ("director of Falnyk born", False, False, True, False),  # only the question's words
-    ("Falnyk", False, False, True, True),  # the first query again
-    ("Falnyk drama", False, False, False, False),  # a new word, but no entity of the documents
+@pytest.mark.parametrize(("query", "bridge", "gold", "misspelt", "repeats", "first"), [
+    ("Kheno Muard birthplace", True, True, False, False, False),
+    ("Muard", True, True, False, False, False),  # part of the name is the entity
+    ("Kheno Muart born", True, True, False, False, False),  # one word right is the entity named
+    ("Khena Muart born", False, False, True, False, False),  # both words a letter off: copied wrong
+    ("director of Falnyk born", False, False, False, True, False),  # only the question's words
+    ("Falnyk", False, False, False, True, True),  # the first query again
+    ("Falnyk drama", False, False, False, False, False),  # a new word, but no entity of the documents
 ])
-def test_next_query_is_read_for_the_bridge_entity(query, bridge, gold, repeats, first):
+def test_next_query_is_read_for_the_bridge_entity(query, bridge, gold, misspelt, repeats, first):
     s = next_step(Q, "Falnyk", DOCS, "Kheno Muard", query, False, None, None)
-    assert (s.action, s.bridge, s.gold_bridge, s.repeats_question, s.repeats_first) == ("search", bridge, gold, repeats, first)
+    assert (s.action, s.bridge, s.gold_bridge, s.bridge_misspelt, s.repeats_question, s.repeats_first) == (
+        "search", bridge, gold, misspelt, repeats, first)
 
 
 def test_answers_instead_of_searching():
@@ -50,8 +53,8 @@ def test_answers_instead_of_searching():
     assert (nothing.action, nothing.answer_em) == ("none", 0.0)
     rows = next_step_rows([right, bridge, nothing, next_step(Q, "Falnyk", DOCS, "Kheno Muard", "Muard", True, None, "Gimnamburg")])
     # 4 steps: 1 search (bridge, gold bridge, finds hop 2), 2 answers (1 right, 1 the bridge), 1 neither; final EM 2 of 4
-    assert rows == [["all", "4", "25.0", "25.0", "25.0", "0.0", "0.0", "25.0", "50.0", "25.0", "25.0", "25.0", "50.0", "50.0"],
-                    ["bridge-2hop", "4", "25.0", "25.0", "25.0", "0.0", "0.0", "25.0", "50.0", "25.0", "25.0", "25.0", "50.0", "50.0"]]
+    row = ["4", "25.0", "25.0", "25.0", "0.0", "0.0", "0.0", "25.0", "50.0", "25.0", "25.0", "25.0", "50.0", "50.0"]
+    assert rows == [["all", *row], ["bridge-2hop", *row]]
 
 
 def test_ceiling_rows_count_ranks_within_k():
@@ -108,3 +111,42 @@ def test_probe_reads_what_a_scripted_policy_does_after_the_gold_first_search(gol
     # the continuation starts after the documents of the gold first search: the model's own text only
     assert records[0]["continuation"].startswith("<search>Tessaly</search>")
     assert all(r["prompt_ids_exact"] in (True, False) for r in records)
+
+
+def _agent_record(qid, qtype, question, queries, supporting):
+    return {"id": qid, "type": qtype, "question": question, "queries": queries, "supporting_ids": supporting,
+            "method": "agent"}
+
+
+def test_copy_rows_read_the_entities_of_an_agents_own_queries():
+    titles = {"f": "Falnyk", "m": "Kheno Muard", "g": "Gorrim", "t": "Tessaly"}
+    recs = [
+        _agent_record("1", "bridge-2hop", Q.question, ["Falnyk director", "Kheno Muard"], ["f", "m"]),  # exact, exact
+        _agent_record("2", "bridge-2hop", Q.question, ["Falnik director", "Muart born"], ["f", "m"]),  # misspelt twice
+        _agent_record("3", "bridge-2hop", Q.question, [], ["f", "m"]),  # no query: absent, no second
+        _agent_record("4", "inference", "Who is the father of Gorrim?", ["Gorrim father", "Gorrim father"], ["g", "t"]),
+    ]
+    rows = second_hop.copy_rows(recs, titles)
+    # all: first query exact 2 (1, 4), misspelt 1 (2), absent 1 (3); 3 searched twice: bridge exact 1, misspelt 1, absent 1
+    assert rows[0] == ["all", "4", "50.0", "25.0", "25.0", "3", "33.3", "33.3", "33.3"]
+    assert rows[1] == ["bridge-2hop", "3", "33.3", "33.3", "33.3", "2", "50.0", "50.0", "0.0"]
+    assert rows[2] == ["inference", "1", "100.0", "0.0", "0.0", "1", "0.0", "0.0", "100.0"]
+
+
+def test_command_without_the_probe_reads_an_agent_run(gold_world, tmp_path):  # noqa: F811
+    import json
+
+    from searchrl.rollout.second_hop import second_hop_command
+
+    run = tmp_path / "agent"
+    run.mkdir()
+    recs = [_agent_record(q.id, q.type, q.question, ["Quellbridge", "Tessaly"] if q.id == "b0" else [], list(q.supporting_ids))
+            for q in _questions(gold_world) if q.type == "bridge-2hop"]
+    (run / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    text = second_hop_command(None, [f"dataset={gold_world / 'q.jsonl'}", f"retrieval.index={gold_world / 'index'}",
+                                     "model=tiny-random"], {}, ["bridge-2hop"], str(tmp_path / "out"), [str(run)], False)
+    assert "4 questions (bridge-2hop) of the first 10" in text and "After the gold first search" not in text
+    assert "| all | 4 | 25.0 | 0.0 | 75.0 | 1 | 100.0 | 0.0 | 0.0 |" in text  # b0 named both; the others never searched
+    # the ceiling: the towns by their names at rank 1; the rivers too, but the Orrin (behind its decoy) only in the top 3
+    assert "| all | 2 | 4 | 75.0 | 100.0 | 100.0 |" in text
+    assert (tmp_path / "out" / "second_hop.md").read_text() == text and not (tmp_path / "out" / "second_hop.jsonl").exists()

@@ -16,7 +16,7 @@ that generates lives in `searchrl.rollout.second_hop`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from searchrl.data.types import Question
@@ -71,6 +71,29 @@ def ceiling_rows(ranks: Sequence[HopRanks], ks: Sequence[int]) -> tuple[list[str
 
 
 # ----------------------------------------------------------------------------------------------
+# Copying an entity
+
+
+def copied(query: str | None, entity: set[str]) -> str:
+    """How `query` names an entity given as its words (lower case): "exact" when it holds one of
+    them; "near" when it holds none but a word of four or more letters that differs from one by a
+    few letters (a name copied wrong: difflib ratio >= 0.75); "absent" otherwise.
+
+    >>> copied("The last day of Peisdaer", {"peisdaern"}), copied("Peisdaern studio", {"peisdaern"})
+    ('near', 'exact')
+    >>> copied("founder birthplace", {"peisdaern"}), copied(None, {"peisdaern"})
+    ('absent', 'absent')
+    """
+    from difflib import SequenceMatcher
+
+    said = set(words(query or ""))
+    if said & entity:
+        return "exact"
+    near = any(len(w) >= 4 and len(e) >= 4 and SequenceMatcher(None, w, e).ratio() >= 0.75 for w in said for e in entity)
+    return "near" if near else "absent"
+
+
+# ----------------------------------------------------------------------------------------------
 # The next step after the gold first search
 
 
@@ -82,6 +105,7 @@ class NextStep:
     action: str  # search | answer | none (EOS, a budget, an empty query)
     bridge: bool  # the query names an entity of the first documents the question does not
     gold_bridge: bool  # the query holds a word of the second passage's title the question does not
+    bridge_misspelt: bool  # it holds none, but a word a few letters off one (`copied` "near")
     repeats_question: bool  # the query holds no word the question lacks
     repeats_first: bool  # the query's words are the first query's
     finds_next: bool  # the query's top k holds the second supporting passage
@@ -113,6 +137,7 @@ def next_step(q: Question, first_query: str, first_docs: str, next_title: str, q
             q.type, "search",
             bridge=bridge_step(q.question, [first_query, query], ["", first_docs]),
             gold_bridge=bool(new & title_words),
+            bridge_misspelt=copied(query, title_words) == "near",
             repeats_question=not new,
             repeats_first=set(words(query)) == set(words(first_query)),
             finds_next=found_next,
@@ -121,14 +146,15 @@ def next_step(q: Question, first_query: str, first_docs: str, next_title: str, q
         )
     return NextStep(
         q.type, "answer" if answer is not None else "none",
-        bridge=False, gold_bridge=False, repeats_question=False, repeats_first=False, finds_next=False,
+        bridge=False, gold_bridge=False, bridge_misspelt=False, repeats_question=False, repeats_first=False, finds_next=False,
         answer_em=exact_match(answer, q.answers),
         answer_is_bridge=answer is not None and cover_em(answer, [next_title]) == 1.0,
         final_em=exact_match(final, q.answers), final_cover_em=cover_em(final, q.answers),
     )
 
 
-NEXT_HEADER = ["type", "n", "searches %", "bridge entity %", "gold bridge %", "repeats question %", "repeats 1st query %",
+NEXT_HEADER = ["type", "n", "searches %", "bridge entity %", "gold bridge %", "bridge misspelt %", "repeats question %",
+               "repeats 1st query %",
                "finds hop-2 passage %", "answers %", "answer right %", "answers the bridge %", "neither %",
                "final EM %", "final cover-EM %"]
 
@@ -140,7 +166,7 @@ def next_step_rows(steps: Sequence[NextStep]) -> list[list[str]]:
         g = [s for s in steps if qtype in (ALL, s.type)]
         n = len(g)
         counts = [sum(s.action == "search" for s in g), sum(s.bridge for s in g), sum(s.gold_bridge for s in g),
-                  sum(s.repeats_question for s in g), sum(s.repeats_first for s in g), sum(s.finds_next for s in g),
+                  sum(s.bridge_misspelt for s in g), sum(s.repeats_question for s in g), sum(s.repeats_first for s in g), sum(s.finds_next for s in g),
                   sum(s.action == "answer" for s in g), sum(s.answer_em for s in g), sum(s.answer_is_bridge for s in g),
                   sum(s.action == "none" for s in g), sum(s.final_em for s in g), sum(s.final_cover_em for s in g)]
         rows.append([qtype, str(n)] + [_pct(c, n) for c in counts])
@@ -149,3 +175,29 @@ def next_step_rows(steps: Sequence[NextStep]) -> list[list[str]]:
 
 def _pct(count: float, n: int) -> str:
     return f"{100 * count / n:.1f}" if n else "n/a"
+
+
+# ----------------------------------------------------------------------------------------------
+# Entities in an agent's own queries
+
+COPY_HEADER = ["type", "n", "1st query: entity exact %", "misspelt %", "absent %", "with a 2nd query", "2nd query: bridge exact %",
+               "misspelt %", "absent %"]
+
+
+def copy_rows(records: Sequence[Mapping], titles: Mapping[str, str]) -> list[list[str]]:
+    """Per type, `all` first, from an agent's `eval run` records (with supporting ids): how its
+    first query names the question's entity (the first supporting passage's title; no query:
+    absent), and, over the rollouts that searched twice, how the second query names the bridge
+    entity (the second passage's title less the question's words), each by `copied`."""
+    rows = []
+    kinds = ("exact", "near", "absent")
+    for qtype in [ALL, *sorted({r["type"] for r in records})]:
+        group = [r for r in records if qtype in (ALL, r["type"])]
+        first = [copied(r["queries"][0] if r["queries"] else None, set(words(titles[r["supporting_ids"][0]])) - COMMON)
+                 for r in group]
+        twice = [r for r in group if len(r["queries"]) >= 2]
+        second = [copied(r["queries"][1], set(words(titles[r["supporting_ids"][1]])) - set(words(r["question"])) - COMMON)
+                  for r in twice]
+        rows.append([qtype, str(len(group))] + [_pct(first.count(k), len(group)) for k in kinds] + [str(len(twice))]
+                    + [_pct(second.count(k), len(twice)) for k in kinds])
+    return rows

@@ -12,7 +12,9 @@ questions of an evaluation config (docs/results.md#multi-hop-where-the-second-ho
 The continuation starts from the text prompt + first turn + documents, encoded as one prompt; the
 record says whether those ids equal the engine's own (each piece encoded on its own).
 
-Writes `OUT/second_hop.md` (both tables) and `OUT/second_hop.jsonl` (a record per question).
+3. With agent runs (`--run`): how their own queries name the entities (`eval.second_hop.copy_rows`).
+
+Writes `OUT/second_hop.md` (the tables) and `OUT/second_hop.jsonl` (a record per question).
 Tag protocols only: the probe writes the first turn as text.
 """
 
@@ -29,7 +31,15 @@ from searchrl.config import dump_config, flag_overrides, load_config
 from searchrl.data.types import Question
 from searchrl.errors import SearchRLError
 from searchrl.eval.config import EvalConfig
-from searchrl.eval.second_hop import NEXT_HEADER, ceiling_rows, hop_ranks, next_step, next_step_rows
+from searchrl.eval.second_hop import (
+    COPY_HEADER,
+    NEXT_HEADER,
+    ceiling_rows,
+    copy_rows,
+    hop_ranks,
+    next_step,
+    next_step_rows,
+)
 from searchrl.protocol import Protocol
 from searchrl.rollout.config import RolloutConfig
 from searchrl.rollout.engine import RolloutEngine
@@ -73,15 +83,17 @@ def probe(agent: Agent, rollout: RolloutConfig, questions: Sequence[Question]) -
         step = next_step(q, path.searches[0][0], docs, titles[q.supporting_ids[1]], query, found,
                          None if query is not None else final, final)
         out.append({"id": q.id, "type": q.type, "question": q.question, "answers": list(q.answers),
-                    "first_query": path.searches[0][0], "bridge_title": titles[q.supporting_ids[1]],
+                    "first_query": path.searches[0][0], "first_docs": docs, "bridge_title": titles[q.supporting_ids[1]],
                     "continuation": "".join(s.text for s in t.segments), "query": query, "final": final,
                     "prompt_ids_exact": exact, **dataclasses.asdict(step)})
     return out, len(questions) - len(kept)
 
 
 def second_hop_command(config: str | None, overrides: Sequence[str], flags: dict, types: Sequence[str] | None,
-                       out: str) -> str:
-    """Run both measurements on `types` of the config's questions; write and return the Markdown."""
+                       out: str, runs: Sequence[str] = (), run_probe: bool = True) -> str:
+    """Run the measurements on `types` of the config's questions; write and return the Markdown.
+    `runs`: `eval run` folders of agents on those questions, whose own queries are read for the
+    entities (`copy_rows`); `run_probe` False: no model, the retrieval and query tables only."""
     from searchrl.data.catalog import load_dataset
     from searchrl.eval.second_hop import NextStep
 
@@ -92,32 +104,60 @@ def second_hop_command(config: str | None, overrides: Sequence[str], flags: dict
     if not chosen:
         raise SearchRLError(f"no question of type {', '.join(types)} with two or more supporting passages in "
                             f"the first {len(questions)} of {cfg.dataset}")
+    agent_records = {run: _records(Path(run), {q.id for q in chosen}) for run in runs}
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    agent = build_agent(cfg)
+    retriever = cfg.retrieval.open()
     try:
-        if not isinstance(agent.protocol, Protocol):
-            raise SearchRLError("eval second-hop writes the first search as text: use a tag protocol (protocol.format: tags)")
         ids = {i for q in chosen for i in q.supporting_ids}
-        titles = {pid: p.title for pid, p in support_passages(agent.retriever, ids).items()}
-        ranks = hop_ranks(chosen, titles, agent.retriever, max(KS))
-        records, left_out = probe(agent, cfg.rollout, chosen)
+        titles = {pid: p.title for pid, p in support_passages(retriever, ids).items()}
+        ranks = hop_ranks(chosen, titles, retriever, max(KS))
+        records, left_out = [], 0
+        if run_probe:
+            agent = build_agent(cfg, retriever=retriever)
+            try:
+                if not isinstance(agent.protocol, Protocol):
+                    raise SearchRLError("eval second-hop writes the first search as text: use a tag protocol (protocol.format: tags)")
+                records, left_out = probe(agent, cfg.rollout, chosen)
+            finally:
+                agent.close()
     finally:
-        agent.close()
-    steps = [NextStep(**{f.name: r[f.name] for f in dataclasses.fields(NextStep)}) for r in records]
+        retriever.close()
     header, rows = ceiling_rows(ranks, KS)
-    exact = sum(r["prompt_ids_exact"] for r in records)
-    text = (f"{len(chosen)} questions ({', '.join(types)}) of the first {len(questions)} of {cfg.dataset}; model "
-            f"{cfg.model}, k = {cfg.rollout.k}, {time.perf_counter() - started:.0f} s.\n\n"
-            "Retrieval ceiling: each supporting passage in the top k for its title, and for the question\n\n"
-            + markdown_table(header, rows, [h not in ("type", "hop") for h in header])
-            + f"\nAfter the gold first search ({len(records)} questions; {left_out} whose first passage no gold query "
-            f"finds at k = {cfg.rollout.k} left out; continuation ids equal the engine's for {exact}):\n\n"
-            + markdown_table(NEXT_HEADER, next_step_rows(steps), [h != "type" for h in NEXT_HEADER]))
+    parts = [f"{len(chosen)} questions ({', '.join(types)}) of the first {len(questions)} of {cfg.dataset}; model "
+             f"{cfg.model}, k = {cfg.rollout.k}, {time.perf_counter() - started:.0f} s.\n\n"
+             "Retrieval ceiling: each supporting passage in the top k for its title, and for the question\n\n"
+             + markdown_table(header, rows, [h not in ("type", "hop") for h in header])]
+    if run_probe:
+        steps = [NextStep(**{f.name: r[f.name] for f in dataclasses.fields(NextStep)}) for r in records]
+        exact = sum(r["prompt_ids_exact"] for r in records)
+        parts.append(f"After the gold first search ({len(records)} questions; {left_out} whose first passage no gold query "
+                     f"finds at k = {cfg.rollout.k} left out; continuation ids equal the engine's for {exact}):\n\n"
+                     + markdown_table(NEXT_HEADER, next_step_rows(steps), [h != "type" for h in NEXT_HEADER]))
+    for run, recs in agent_records.items():
+        parts.append(f"The entities in the queries of {run} ({len(recs)} of these questions):\n\n"
+                     + markdown_table(COPY_HEADER, copy_rows(recs, titles), [h != "type" for h in COPY_HEADER]))
+    text = "\n".join(parts)
     (folder / "second_hop.md").write_text(text, encoding="utf-8")
-    with open(folder / "second_hop.jsonl", "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(r) + "\n" for r in records)
+    if run_probe:
+        with open(folder / "second_hop.jsonl", "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
     dump_config(cfg, folder / "config.yaml")
     print(text)
     return text
+
+
+def _records(folder: Path, ids: set[str]) -> list[dict]:
+    """The predictions.jsonl records of `ids` in an `eval run` folder of an agent."""
+    from searchrl.data.textio import iter_json_lines
+
+    path = folder / "predictions.jsonl"
+    if not path.is_file():
+        raise SearchRLError(f"--run {folder}: no predictions.jsonl there; give a folder written by `searchrl eval run --out`")
+    found = [rec for _, rec in iter_json_lines(path) if rec.get("id") in ids]
+    if not found:
+        raise SearchRLError(f"--run {folder}: answered none of the questions probed (same --dataset and --limit?)")
+    if any(rec.get("method") != "agent" for rec in found):
+        raise SearchRLError(f"--run {folder}: not an agent's run; only an agent writes its own queries")
+    return found
