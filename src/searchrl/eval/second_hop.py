@@ -74,22 +74,36 @@ def ceiling_rows(ranks: Sequence[HopRanks], ks: Sequence[int]) -> tuple[list[str
 # Copying an entity
 
 
-def copied(query: str | None, entity: set[str]) -> str:
-    """How `query` names an entity given as its words (lower case): "exact" when it holds one of
-    them; "near" when it holds none but a word of four or more letters that differs from one by a
-    few letters (a name copied wrong: difflib ratio >= 0.75); "absent" otherwise.
+def key_word(name: str, exclude: set[str] = frozenset()) -> str | None:
+    """The word that tells an entity's name apart: its longest word less common words and
+    `exclude` (the last of the longest: a surname), lower case; None when none is left. Invented
+    names are long words, a title's other words ("The Last Days of ...") short common ones.
 
-    >>> copied("The last day of Peisdaer", {"peisdaern"}), copied("Peisdaern studio", {"peisdaern"})
+    >>> key_word("The Last Days of Peisdaern"), key_word("Kheno Muard"), key_word("Veimtarn Studios")
+    ('peisdaern', 'muard', 'veimtarn')
+    """
+    left = [w for w in words(name) if w not in COMMON and w not in exclude]
+    return max(reversed(left), key=len) if left else None
+
+
+def copied(query: str | None, word: str | None) -> str:
+    """How `query` names the entity whose `key_word` is `word`: "exact" when it holds the word;
+    "near" when it holds a word of four or more letters that differs from it by a few letters (a
+    name copied wrong: difflib ratio >= 0.75); "absent" otherwise.
+
+    >>> copied("The last day of Peisdaer", "peisdaern"), copied("Peisdaern studio", "peisdaern")
     ('near', 'exact')
-    >>> copied("founder birthplace", {"peisdaern"}), copied(None, {"peisdaern"})
+    >>> copied("founder birthplace", "peisdaern"), copied(None, "peisdaern")
     ('absent', 'absent')
     """
     from difflib import SequenceMatcher
 
     said = set(words(query or ""))
-    if said & entity:
+    if word is None or not said:
+        return "absent"
+    if word in said:
         return "exact"
-    near = any(len(w) >= 4 and len(e) >= 4 and SequenceMatcher(None, w, e).ratio() >= 0.75 for w in said for e in entity)
+    near = len(word) >= 4 and any(len(w) >= 4 and SequenceMatcher(None, w, word).ratio() >= 0.75 for w in said)
     return "near" if near else "absent"
 
 
@@ -105,7 +119,7 @@ class NextStep:
     action: str  # search | answer | none (EOS, a budget, an empty query)
     bridge: bool  # the query names an entity of the first documents the question does not
     gold_bridge: bool  # the query holds a word of the second passage's title the question does not
-    bridge_misspelt: bool  # it holds none, but a word a few letters off one (`copied` "near")
+    bridge_misspelt: bool  # it holds none, but a word a few letters off the title's `key_word`
     repeats_question: bool  # the query holds no word the question lacks
     repeats_first: bool  # the query's words are the first query's
     finds_next: bool  # the query's top k holds the second supporting passage
@@ -137,7 +151,7 @@ def next_step(q: Question, first_query: str, first_docs: str, next_title: str, q
             q.type, "search",
             bridge=bridge_step(q.question, [first_query, query], ["", first_docs]),
             gold_bridge=bool(new & title_words),
-            bridge_misspelt=copied(query, title_words) == "near",
+            bridge_misspelt=not new & title_words and copied(query, key_word(next_title, said)) == "near",
             repeats_question=not new,
             repeats_first=set(words(query)) == set(words(first_query)),
             finds_next=found_next,
@@ -186,18 +200,17 @@ COPY_HEADER = ["type", "n", "1st query: entity exact %", "misspelt %", "absent %
 
 def copy_rows(records: Sequence[Mapping], titles: Mapping[str, str]) -> list[list[str]]:
     """Per type, `all` first, from an agent's `eval run` records (with supporting ids): how its
-    first query names the question's entity (the first supporting passage's title; no query:
-    absent), and, over the rollouts that searched twice, how the second query names the bridge
-    entity (the second passage's title less the question's words), each by `copied`."""
+    first query names the question's entity (the `key_word` of the first supporting passage's
+    title; no query: absent), and, over the rollouts that searched twice, how the second query
+    names the bridge entity (that of the second passage's title less the question's words), each
+    by `copied`."""
     rows = []
     kinds = ("exact", "near", "absent")
     for qtype in [ALL, *sorted({r["type"] for r in records})]:
         group = [r for r in records if qtype in (ALL, r["type"])]
-        first = [copied(r["queries"][0] if r["queries"] else None, set(words(titles[r["supporting_ids"][0]])) - COMMON)
-                 for r in group]
+        first = [copied(r["queries"][0] if r["queries"] else None, key_word(titles[r["supporting_ids"][0]])) for r in group]
         twice = [r for r in group if len(r["queries"]) >= 2]
-        second = [copied(r["queries"][1], set(words(titles[r["supporting_ids"][1]])) - set(words(r["question"])) - COMMON)
-                  for r in twice]
+        second = [copied(r["queries"][1], key_word(titles[r["supporting_ids"][1]], set(words(r["question"])))) for r in twice]
         rows.append([qtype, str(len(group))] + [_pct(first.count(k), len(group)) for k in kinds] + [str(len(twice))]
                     + [_pct(second.count(k), len(twice)) for k in kinds])
     return rows
