@@ -222,7 +222,9 @@ def by_type_command(specs: Sequence[str], out: str, baseline: str | None = None,
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     markdown = []
-    for title, header, rows in tables(result):
+    for i, (title, header, rows) in enumerate(tables(result)):
+        if i:
+            console.print()
         right = [i > 0 for i in range(len(header))]
         print_table(console, [Column(h, right=r) for h, r in zip(header, right)], rows, title=title, keep=2,
                     elsewhere=str(folder / "by_type.md"))
