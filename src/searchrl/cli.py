@@ -413,13 +413,14 @@ def eval_second_hop(
     overrides: list[str] | None = typer.Option(None, "--set", help="key=value override of an EvalConfig field (repeatable)."),
     runs: list[str] | None = typer.Option(None, "--run", help="An `eval run` folder of an agent on these questions: how its own queries name the entities (repeatable)."),
     run_probe: bool = typer.Option(True, "--probe/--no-probe", help="--no-probe: load no model; the retrieval ceiling and the --run tables only."),
+    hops: int = typer.Option(1, "--hops", min=1, help="Gold searches written before the model goes on: 1 probes the second hop, 2 the third hop or (2-hop questions) reading both passages."),
 ) -> None:
     """Where the second hop fails: the retrieval ceiling per hop, and what the model does after the gold first search."""
     from searchrl.rollout.second_hop import second_hop_command
 
     flags = {"model": model, "dataset": dataset, "retrieval.index": index, "limit": limit, "rollout.k": k,
              "rollout.max_searches": max_searches, "rollout.max_new_tokens": max_new_tokens}
-    second_hop_command(config, overrides or [], flags, _names(types), out, runs or [], run_probe)
+    second_hop_command(config, overrides or [], flags, _names(types), out, runs or [], run_probe, hops)
 
 
 def _names(value: str | None) -> list[str] | None:

@@ -100,7 +100,7 @@ def test_probe_reads_what_a_scripted_policy_does_after_the_gold_first_search(gol
     bridges = [q for q in _questions(gold_world) if q.type == "bridge-2hop"]
     records, left_out = probe(agent, RolloutConfig(k=1, max_searches=2, max_new_tokens=80, greedy=True), bridges)
     assert left_out == 0
-    got = {r["id"]: (r["first_query"], r["action"], r["query"], r["bridge"], r["gold_bridge"], r["repeats_question"],
+    got = {r["id"]: (r["written_queries"][0], r["action"], r["query"], r["bridge"], r["gold_bridge"], r["repeats_question"],
                      r["finds_next"], r["answer_is_bridge"], r["final_em"]) for r in records}
     assert got == {
         "b0": ("Quellbridge", "search", "Tessaly", True, True, False, True, False, 1.0),
@@ -150,3 +150,26 @@ def test_command_without_the_probe_reads_an_agent_run(gold_world, tmp_path):  # 
     # the ceiling: the towns by their names at rank 1; the rivers too, but the Orrin (behind its decoy) only in the top 3
     assert "| all | 2 | 4 | 75.0 | 100.0 | 100.0 |" in text
     assert (tmp_path / "out" / "second_hop.md").read_text() == text and not (tmp_path / "out" / "second_hop.jsonl").exists()
+
+
+def test_probe_with_both_hops_written_reads_the_answer(gold_world):  # noqa: F811
+    """hops=2: both gold searches (town, then river) are written; b0 answers from the river's
+    passage, b1 answers the river (the bridge), the others end their turn."""
+    tokenizer = load_tokenizer("tiny-random")
+
+    def write(text: str) -> str:
+        asked = text.rsplit("User: ", 1)[1]
+        assert asked.count("<information>") == 2  # both documents blocks are there before the model writes
+        if "Quellbridge" in asked.split("?")[0]:
+            return "<answer>Eskar</answer>"
+        return "<answer>Orrin</answer>" if "Marrowind" in asked.split("?")[0] else tokenizer.eos_token
+
+    cfg = AgentConfig(model="tiny-random", profile="none", protocol=ProtocolConfig(tags="search-r1", template="oneshot"))
+    retriever = open_retriever(str(gold_world / "index"))
+    agent = build_agent(cfg, ScriptedBackend(tokenizer, write), retriever)
+    bridges = [q for q in _questions(gold_world) if q.type == "bridge-2hop"]
+    records, _ = probe(agent, RolloutConfig(k=1, max_searches=2, max_new_tokens=80, greedy=True), bridges, hops=2)
+    got = {r["id"]: (r["written_queries"], r["action"], r["answer_em"], r["final_em"]) for r in records}
+    assert got == {"b0": (["Quellbridge", "Tessaly"], "answer", 1.0, 1.0), "b1": (["Marrowind", "Orrin hills"], "answer", 0.0, 0.0),
+                   "b2": (["Velmar", "Dagny"], "none", 0.0, 0.0), "b3": (["Harbel", "Brenna"], "none", 0.0, 0.0)}
+    assert records[0]["next_title"] == "" and not records[1]["answer_is_bridge"]  # no passage after the last hop

@@ -162,7 +162,7 @@ def next_step(q: Question, first_query: str, first_docs: str, next_title: str, q
         q.type, "answer" if answer is not None else "none",
         bridge=False, gold_bridge=False, bridge_misspelt=False, repeats_question=False, repeats_first=False, finds_next=False,
         answer_em=exact_match(answer, q.answers),
-        answer_is_bridge=answer is not None and cover_em(answer, [next_title]) == 1.0,
+        answer_is_bridge=answer is not None and bool(next_title) and cover_em(answer, [next_title]) == 1.0,
         final_em=exact_match(final, q.answers), final_cover_em=cover_em(final, q.answers),
     )
 

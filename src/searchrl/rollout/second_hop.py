@@ -50,50 +50,59 @@ TYPES = ("bridge-2hop", "bridge-3hop", "inference")
 KS = (1, 3, 5)
 
 
-def probe(agent: Agent, rollout: RolloutConfig, questions: Sequence[Question]) -> tuple[list[dict], int]:
-    """(a record per question whose first supporting passage a gold query finds, questions left
-    out): the model's continuation after the gold first search, read by `next_step`. `rollout`:
-    the settings of a whole rollout; the continuation gets the searches left (at least one) and
-    the policy tokens the written first turn left."""
+def probe(agent: Agent, rollout: RolloutConfig, questions: Sequence[Question], hops: int = 1) -> tuple[list[dict], int]:
+    """(a record per question whose first `hops` supporting passages gold queries find, questions
+    left out): the model's continuation after those gold searches, read by `next_step` against
+    the next supporting passage (none after the last: the step can only answer right or not).
+    `rollout`: the settings of a whole rollout; the continuation gets the searches left (at least
+    one) and the policy tokens the written turns left."""
     protocol, backend = agent.protocol, agent.backend
-    first_hops = [dataclasses.replace(q, supporting_ids=q.supporting_ids[:1]) for q in questions]
-    paths = gold_paths(first_hops, agent.retriever, rollout.k, 1)
+    first_hops = [dataclasses.replace(q, supporting_ids=q.supporting_ids[:hops]) for q in questions]
+    paths = gold_paths(first_hops, agent.retriever, rollout.k, hops)
     kept = [(q, p) for q, p in zip(questions, paths) if p is not None]
-    titles = {pid: p.title for pid, p in support_passages(agent.retriever, {q.supporting_ids[1] for q, _ in kept}).items()}
-    firsts = [path.texts(protocol.tags, protocol.think_opened_in_prompt)[0] for _, path in kept]
-    written = max((len(backend.encode(first)) for first in firsts), default=0)
+    nexts = {q.supporting_ids[hops] for q, _ in kept if len(q.supporting_ids) > hops}
+    titles = {pid: p.title for pid, p in support_passages(agent.retriever, nexts).items()}
+    turns = [path.texts(protocol.tags, protocol.think_opened_in_prompt)[:hops] for _, path in kept]
+    written = max((sum(len(backend.encode(t)) for t in texts) for texts in turns), default=0)
     if written >= rollout.max_new_tokens:
-        raise SearchRLError(f"the written first turn takes {written} policy tokens, rollout.max_new_tokens is "
+        raise SearchRLError(f"the written turns take {written} policy tokens, rollout.max_new_tokens is "
                             f"{rollout.max_new_tokens}: raise it")
     engine = RolloutEngine(backend, agent.retriever, protocol, rollout.model_copy(
-        update={"max_searches": max(rollout.max_searches - 1, 1), "max_new_tokens": rollout.max_new_tokens - written}))
+        update={"max_searches": max(rollout.max_searches - hops, 1), "max_new_tokens": rollout.max_new_tokens - written}))
     prompts, seen, same = [], [], []
-    for (q, path), first in zip(kept, firsts):
+    for (q, path), texts in zip(kept, turns):
         prompt = protocol.prompt(q.question, backend.tokenizer)
-        doc_ids, docs = engine.documents(path.searches[0][1])
-        prompts.append(prompt + first + docs)
-        seen.append(docs)
-        same.append(backend.encode(prompts[-1], prompt=True) == backend.encode(prompt, prompt=True) + backend.encode(first) + doc_ids)
+        ids, docs = backend.encode(prompt, prompt=True), []
+        for text, (_, passages) in zip(texts, path.searches):
+            doc_ids, block = engine.documents(passages)
+            prompt += text + block
+            ids += backend.encode(text) + doc_ids
+            docs.append(block)
+        prompts.append(prompt)
+        seen.append("\n".join(docs))
+        same.append(backend.encode(prompt, prompt=True) == ids)
     trajs = engine.run([q for q, _ in kept], prompts)
     out = []
     for (q, path), docs, t, exact in zip(kept, seen, trajs, same):
+        nxt = q.supporting_ids[hops] if len(q.supporting_ids) > hops else None
         query = t.queries[0] if t.queries else None
-        found = bool(t.retrieved_ids) and q.supporting_ids[1] in t.retrieved_ids[0]
+        found = bool(t.retrieved_ids) and nxt in t.retrieved_ids[0]
         final = t.answer if t.answer is not None else protocol.answer(t.segments, cut_short=True)
-        step = next_step(q, path.searches[0][0], docs, titles[q.supporting_ids[1]], query, found,
-                         None if query is not None else final, final)
+        title = titles.get(nxt, "")
+        step = next_step(q, path.searches[-1][0], docs, title, query, found, None if query is not None else final, final)
         out.append({"id": q.id, "type": q.type, "question": q.question, "answers": list(q.answers),
-                    "first_query": path.searches[0][0], "first_docs": docs, "bridge_title": titles[q.supporting_ids[1]],
+                    "written_queries": [s[0] for s in path.searches], "written_docs": docs, "next_title": title,
                     "continuation": "".join(s.text for s in t.segments), "query": query, "final": final,
                     "prompt_ids_exact": exact, **dataclasses.asdict(step)})
     return out, len(questions) - len(kept)
 
 
 def second_hop_command(config: str | None, overrides: Sequence[str], flags: dict, types: Sequence[str] | None,
-                       out: str, runs: Sequence[str] = (), run_probe: bool = True) -> str:
+                       out: str, runs: Sequence[str] = (), run_probe: bool = True, hops: int = 1) -> str:
     """Run the measurements on `types` of the config's questions; write and return the Markdown.
     `runs`: `eval run` folders of agents on those questions, whose own queries are read for the
-    entities (`copy_rows`); `run_probe` False: no model, the retrieval and query tables only."""
+    entities (`copy_rows`); `run_probe` False: no model, the retrieval and query tables only;
+    `hops`: gold searches written before the model goes on."""
     from searchrl.data.catalog import load_dataset
     from searchrl.eval.second_hop import NextStep
 
@@ -119,7 +128,7 @@ def second_hop_command(config: str | None, overrides: Sequence[str], flags: dict
             try:
                 if not isinstance(agent.protocol, Protocol):
                     raise SearchRLError("eval second-hop writes the first search as text: use a tag protocol (protocol.format: tags)")
-                records, left_out = probe(agent, cfg.rollout, chosen)
+                records, left_out = probe(agent, cfg.rollout, chosen, hops)
             finally:
                 agent.close()
     finally:
@@ -132,8 +141,8 @@ def second_hop_command(config: str | None, overrides: Sequence[str], flags: dict
     if run_probe:
         steps = [NextStep(**{f.name: r[f.name] for f in dataclasses.fields(NextStep)}) for r in records]
         exact = sum(r["prompt_ids_exact"] for r in records)
-        parts.append(f"After the gold first search ({len(records)} questions; {left_out} whose first passage no gold query "
-                     f"finds at k = {cfg.rollout.k} left out; continuation ids equal the engine's for {exact}):\n\n"
+        parts.append(f"After the first {hops} gold search(es) ({len(records)} questions; {left_out} whose passages no gold "
+                     f"query finds at k = {cfg.rollout.k} left out; continuation ids equal the engine's for {exact}):\n\n"
                      + markdown_table(NEXT_HEADER, next_step_rows(steps), [h != "type" for h in NEXT_HEADER]))
     for run, recs in agent_records.items():
         parts.append(f"The entities in the queries of {run} ({len(recs)} of these questions):\n\n"
