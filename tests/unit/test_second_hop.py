@@ -13,6 +13,7 @@ from test_sft import _questions, gold_world  # noqa: F401  (a fixture)
 from searchrl.agent import AgentConfig, build_agent
 from searchrl.assets import load_tokenizer
 from searchrl.data.types import Question
+from searchrl.errors import SearchRLError
 from searchrl.eval import second_hop
 from searchrl.eval.second_hop import HopRanks, ceiling_rows, hop_ranks, next_step, next_step_rows
 from searchrl.protocol import ProtocolConfig
@@ -173,3 +174,6 @@ def test_probe_with_both_hops_written_reads_the_answer(gold_world):  # noqa: F81
     assert got == {"b0": (["Quellbridge", "Tessaly"], "answer", 1.0, 1.0), "b1": (["Marrowind", "Orrin hills"], "answer", 0.0, 0.0),
                    "b2": (["Velmar", "Dagny"], "none", 0.0, 0.0), "b3": (["Harbel", "Brenna"], "none", 0.0, 0.0)}
     assert records[0]["next_title"] == "" and not records[1]["answer_is_bridge"]  # no passage after the last hop
+    # a budget the written turns (~20 tokens each here) leave no room in is refused, not run with a token or two
+    with pytest.raises(SearchRLError, match="leaving the model fewer than 16: raise it"):
+        probe(agent, RolloutConfig(k=1, max_searches=2, max_new_tokens=40, greedy=True), bridges, hops=2)

@@ -48,6 +48,7 @@ from searchrl.tables import markdown_table
 
 TYPES = ("bridge-2hop", "bridge-3hop", "inference")
 KS = (1, 3, 5)
+MIN_LEFT = 16  # policy tokens the continuation needs at least: a short query or answer
 
 
 def probe(agent: Agent, rollout: RolloutConfig, questions: Sequence[Question], hops: int = 1) -> tuple[list[dict], int]:
@@ -64,9 +65,9 @@ def probe(agent: Agent, rollout: RolloutConfig, questions: Sequence[Question], h
     titles = {pid: p.title for pid, p in support_passages(agent.retriever, nexts).items()}
     turns = [path.texts(protocol.tags, protocol.think_opened_in_prompt)[:hops] for _, path in kept]
     written = max((sum(len(backend.encode(t)) for t in texts) for texts in turns), default=0)
-    if written >= rollout.max_new_tokens:
-        raise SearchRLError(f"the written turns take {written} policy tokens, rollout.max_new_tokens is "
-                            f"{rollout.max_new_tokens}: raise it")
+    if rollout.max_new_tokens - written < MIN_LEFT:  # the model needs room for a query or an answer
+        raise SearchRLError(f"the written turns take up to {written} policy tokens of rollout.max_new_tokens="
+                            f"{rollout.max_new_tokens}, leaving the model fewer than {MIN_LEFT}: raise it")
     engine = RolloutEngine(backend, agent.retriever, protocol, rollout.model_copy(
         update={"max_searches": max(rollout.max_searches - hops, 1), "max_new_tokens": rollout.max_new_tokens - written}))
     prompts, seen, same = [], [], []
