@@ -214,6 +214,8 @@ def by_type_command(specs: Sequence[str], out: str, baseline: str | None = None,
     returns the Markdown."""
     if not specs:
         raise SearchRLError("give at least one run folder")
+    if Path(out).exists() and not Path(out).is_dir():
+        raise SearchRLError(f"--out {out} is a file; give a folder for by_type.md and by_type.png")
     if resamples < 100:
         raise SearchRLError(f"--resamples {resamples} is too few for a 95 % interval: give 1000 or more")
     runs = [read_run(*parse_run(spec)) for spec in specs]

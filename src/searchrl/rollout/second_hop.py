@@ -107,6 +107,8 @@ def second_hop_command(config: str | None, overrides: Sequence[str], flags: dict
     from searchrl.data.catalog import load_dataset
     from searchrl.eval.second_hop import NextStep
 
+    if Path(out).exists() and not Path(out).is_dir():
+        raise SearchRLError(f"--out {out} is a file; give a folder for second_hop.md and second_hop.jsonl")
     cfg = load_config(EvalConfig, config, list(overrides) + flag_overrides(flags, overrides))
     types = tuple(types or TYPES)
     questions = load_dataset(cfg.dataset)[: cfg.limit]
