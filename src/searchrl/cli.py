@@ -385,6 +385,46 @@ def eval_compare(
     compare_command(runs, out)
 
 
+@eval_app.command("by-type")
+def eval_by_type(
+    runs: list[str] = typer.Argument(..., help="Folders written by `searchrl eval run --out` on the same questions; LABEL=DIR names a run (default: its folder's name)."),
+    out: str = typer.Option(..., "--out", help="Folder for by_type.md (the tables) and by_type.png (bars with error bars)."),
+    baseline: str | None = typer.Option(None, "--baseline", help="A run's name: add every other run's difference to it per type, with paired bootstrap intervals."),
+    resamples: int = typer.Option(10_000, "--resamples", min=1, help="Bootstrap resamples per estimate."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap resamples."),
+    common: bool = typer.Option(False, "--common", help="Compare the questions every run answered (a run stopped early) instead of refusing runs on different questions."),
+) -> None:
+    """EM, F1 and cover-EM per question type with bootstrap 95 % intervals, for runs on the same questions."""
+    from searchrl.eval.by_type import by_type_command
+
+    by_type_command(runs, out, baseline, resamples, seed, common)
+
+
+@eval_app.command("second-hop")
+def eval_second_hop(
+    model: str | None = typer.Option(None, "--model", help="smollm2-135m (default), tiny-random, a checkpoint or hub id."),
+    dataset: str | None = typer.Option(None, "--dataset", help="Questions with supporting passages in hop order (default toyworld:test)."),
+    index: str | None = typer.Option(None, "--index", help="retrieval.index: a local index (the gold first search reads passage titles from it)."),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="The first N questions of the dataset, of which the multi-hop types are probed."),
+    types: str | None = typer.Option(None, "--types", help="Comma-separated question types (default bridge-2hop,bridge-3hop,inference)."),
+    k: int | None = typer.Option(None, "-k", "--k", min=1, help="rollout.k: passages per search."),
+    max_searches: int | None = typer.Option(None, "--max-searches", min=1, help="rollout.max_searches of a whole rollout; the continuation gets the rest."),
+    max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", min=1, help="rollout.max_new_tokens of a whole rollout."),
+    out: str = typer.Option(..., "--out", help="Folder for second_hop.md, second_hop.jsonl, config.yaml."),
+    config: str | None = typer.Option(None, "--config", help="YAML file of EvalConfig fields (an `eval run` config.yaml will do)."),
+    overrides: list[str] | None = typer.Option(None, "--set", help="key=value override of an EvalConfig field (repeatable)."),
+    runs: list[str] | None = typer.Option(None, "--run", help="An `eval run` folder of an agent on these questions: how its own queries name the entities (repeatable)."),
+    run_probe: bool = typer.Option(True, "--probe/--no-probe", help="--no-probe: load no model; the retrieval ceiling and the --run tables only."),
+    hops: int = typer.Option(1, "--hops", min=1, help="Gold searches written before the model goes on: 1 probes the second hop, 2 the third hop or (2-hop questions) reading both passages."),
+) -> None:
+    """Where the second hop fails: the retrieval ceiling per hop, and what the model does after the gold first search."""
+    from searchrl.rollout.second_hop import second_hop_command
+
+    flags = {"model": model, "dataset": dataset, "retrieval.index": index, "limit": limit, "rollout.k": k,
+             "rollout.max_searches": max_searches, "rollout.max_new_tokens": max_new_tokens}
+    second_hop_command(config, overrides or [], flags, _names(types), out, runs or [], run_probe, hops)
+
+
 def _names(value: str | None) -> list[str] | None:
     return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
 

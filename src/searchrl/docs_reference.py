@@ -37,7 +37,7 @@ def config_models() -> dict[str, type[BaseModel]]:
     from searchrl.eval.report_config import ReportConfig
     from searchrl.rl.config import TrainConfig
 
-    return {"train": TrainConfig, "eval run": EvalConfig, "eval report": ReportConfig, "ask": AskConfig,
+    return {"train": TrainConfig, "eval run": EvalConfig, "eval second-hop": EvalConfig, "eval report": ReportConfig, "ask": AskConfig,
             "data select": SelectConfig, "data compose": ComposeConfig}
 
 

@@ -116,11 +116,14 @@ def plot_run(run_dir: Path, out: Path | None = None, window: int | None = None) 
 def bar_panels(
     path: Path, title: str, groups: Sequence[str], panels: dict[str, dict[str, Sequence[float | None]]],
     hatched: Collection[str] = (),
+    intervals: dict[str, dict[str, Sequence[tuple[float, float]]]] | None = None,
 ) -> Path:
     """One PNG of grouped bar charts, a panel per entry of `panels` (its y label -> series -> one
     fraction per group, drawn in percent; None: no bar, e.g. a method a dataset did not run).
-    Series named in `hatched` (reference figures) are drawn grey and hatched."""
+    Series named in `hatched` (reference figures) are drawn grey and hatched. `intervals`, keyed
+    as `panels`: a (low, high) fraction per group, drawn as error bars."""
     import matplotlib
+    import numpy as np
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -132,6 +135,10 @@ def bar_panels(
             offset = (i - (len(series) - 1) / 2) * width
             style = {"color": "lightgray", "hatch": "//", "edgecolor": "dimgray"} if name in hatched else {}
             pts = [(g + offset, 100 * v) for g, v in enumerate(values) if v is not None]
+            if intervals is not None:
+                spans = [100 * np.asarray(intervals[ylabel][name][g]) for g, v in enumerate(values) if v is not None]
+                style["yerr"] = [[y - lo for (_, y), (lo, _) in zip(pts, spans)], [hi - y for (_, y), (_, hi) in zip(pts, spans)]]
+                style["error_kw"] = {"elinewidth": 0.8, "capsize": 2}
             bars = ax.bar([x for x, _ in pts], [y for _, y in pts], width, label=name, **style)
             ax.bar_label(bars, fmt="%.0f", fontsize=6)  # a 0 shows as a number, not as nothing
         ax.set_xticks(range(len(groups)), groups, fontsize=8)
