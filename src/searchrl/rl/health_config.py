@@ -81,7 +81,7 @@ class HealthConfig(StrictModel):
         "window: a rollout worker slowing to a stop, before rollout.worker_timeout_s stops the run.")
     # The reasoning text degenerates into loops before the reward falls.
     think_repetition: MonitorConfig = _monitor(
-        0.25, 3, "Mean think_loop_rate (share of rollouts whose think text repeats one word 4-gram 5 times or more) over "
+        0.25, 3, "Mean think_loop_rate (share of rollouts whose think text writes one span three times or more back to back) over "
         "the window, less the stage's lowest such mean; fires at or above threshold.")
     malformed_tags: MonitorConfig = _monitor(
         0.3, 3, "Mean malformed_tags (share of rollouts failing a tag or call rule of the format check) over the window, "
