@@ -57,7 +57,7 @@ from searchrl.retrieval.querycache import RetrievalCounts
 from searchrl.rl.config import TrainConfig
 from searchrl.rollout.weights import publish, retire, version_of, weights_bytes, weights_folder
 from searchrl.rollout.worker_links import LocalLink, Lost, RemoteLink
-from searchrl.rollout.worker_process import Batch, Failed, worker_main
+from searchrl.rollout.worker_process import Batch, Failed, machine_cores, worker_main
 from searchrl.toolformat.protocol import NativeProtocol
 
 
@@ -106,7 +106,7 @@ class AsyncRollouts:
         self.cfg, self.protocol, self.version = cfg, protocol, version
         cpus = cfg.rollout.worker_cpus
         if cpus and max(cpus) >= (os.cpu_count() or 1):  # refused here, before a process starts for nothing
-            raise SearchRLError(f"rollout.worker_cpus={cpus}: this machine has cores 0..{(os.cpu_count() or 1) - 1}")
+            raise SearchRLError(f"rollout.worker_cpus={cpus}: {machine_cores()}")
         # At most max_staleness + 2 versions at once, and the spare (rollout/weights.py).
         self._folder = weights_folder(Path(cfg.out), weights_bytes(model) * (cfg.rollout.max_staleness + 3))
         shutil.rmtree(self._folder, ignore_errors=True)  # a killed run's: a resume needs none of them

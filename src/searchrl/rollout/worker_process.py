@@ -42,6 +42,11 @@ class Failed:
     error: str
 
 
+def machine_cores() -> str:
+    """The cores this machine has, as refusals of a bad core list name them."""
+    return f"this machine has cores 0..{(os.cpu_count() or 1) - 1}"
+
+
 def pin_cpus(cpus: list[int], who: str = "this process") -> None:
     """Run this process on the cores `cpus` only, with as many torch threads (Linux: the
     scheduler's affinity mask; the threads torch starts later inherit it). A core the process may
@@ -53,7 +58,7 @@ def pin_cpus(cpus: list[int], who: str = "this process") -> None:
     try:
         os.sched_setaffinity(0, cpus)
     except (OSError, ValueError) as e:
-        raise SearchRLError(f"cannot pin {who} to cores {cpus} ({e}); this machine has cores 0..{(os.cpu_count() or 1) - 1}") from None
+        raise SearchRLError(f"cannot pin {who} to cores {cpus} ({e}); {machine_cores()}") from None
     torch.set_num_threads(len(cpus))
 
 
