@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from searchrl.config import load_config
-from searchrl.demo import DemoConfig, resolve_config_path, run_demo, stage_summary
+from searchrl.demo import DemoConfig, resolve_config_path, run_demo, stage_summary, verdict_markdown
 from searchrl.errors import SearchRLError
 from searchrl.rl.config import TrainConfig
 from searchrl.runlog import read_metrics
@@ -34,6 +34,30 @@ def test_stage_summary_reads_first_last_and_quarters():
     assert s["stage2"]["steps"] == 8
     assert s["stage2"]["answer_f1_first_quarter"] == pytest.approx(0.15)
     assert s["stage2"]["answer_f1_last_quarter"] == pytest.approx(0.75)
+
+
+def _predictions(folder, right):
+    folder.mkdir()
+    rows = [{"id": f"q{i}", "type": "bridge-2hop" if i % 2 else "comparison", "answers": ["Alba"],
+             "prediction": "Alba" if ok else "Bram"} for i, ok in enumerate(right)]
+    (folder / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+def test_verdict_says_which_side_the_paired_interval_is_on(tmp_path):
+    rag = _predictions(tmp_path / "eval-untrained-rag", [False] * 30)
+    ahead = _predictions(tmp_path / "eval-trained-agent", [True] * 30)
+    text = "\n".join(verdict_markdown([rag, ahead]))
+    assert "trained agent 100.0 [100.0, 100.0] %, untrained rag 0.0 [0.0, 0.0] %" in text
+    assert "Difference: +100.0 points" in text and "The trained agent is ahead" in text
+    assert "bridge-2hop (n=15) 100% vs 0%" in text
+    # one question of 30 apart: the interval holds 0
+    shutil.rmtree(ahead)
+    close = _predictions(tmp_path / "eval-trained-agent", [True] + [False] * 29)
+    text = "\n".join(verdict_markdown([rag, close]))
+    assert "Difference: +3.3 points" in text and "30 questions cannot tell them apart" in text
+    # no trained run (train=False): no verdict
+    assert verdict_markdown([rag]) == []
 
 
 def test_packaged_config_resolves_and_unknown_is_a_clear_error(tmp_path):
