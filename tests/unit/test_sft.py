@@ -19,7 +19,7 @@ from searchrl.config import load_config
 from searchrl.data.types import Passage, Question
 from searchrl.errors import SearchRLError
 from searchrl.protocol import Protocol, ProtocolConfig
-from searchrl.retrieval import open_retriever
+from searchrl.retrieval import RetrievalConfig, open_retriever
 from searchrl.retrieval.index import build_index
 from searchrl.rewards import RewardConfig, compute_reward
 from searchrl.rl import step
@@ -28,10 +28,10 @@ from searchrl.rl.batch import make_batch
 from searchrl.rl.checkpoint import latest_checkpoint
 from searchrl.rl.config import TrainConfig
 from searchrl.rl.losses import policy_loss, sft_loss
-from searchrl.rl.sft import gold_examples
 from searchrl.rollout.config import RolloutConfig
 from searchrl.rollout.engine import RolloutEngine
 from searchrl.rollout.gold import gold_paths, gold_trajectories
+from searchrl.rollout.run_search import RunSearch
 from searchrl.rollout.scripted import ScriptedBackend
 from searchrl.runlog import read_metrics
 from searchrl.tags import format_passages
@@ -177,7 +177,7 @@ def test_gold_paths_search_each_supporting_passage_in_hop_order(gold_world):
     assert [s[0] for s in three[0].searches] == ["Quellbridge", "Tessaly", "Marrowind"]
 
 
-def test_gold_paths_need_a_local_index_and_a_question_that_has_one(gold_world):
+def test_gold_paths_need_a_local_index_and_a_question_that_has_one(gold_world, tmp_path):
     class Remote:
         def search(self, queries, k):
             return [[] for _ in queries]
@@ -186,11 +186,8 @@ def test_gold_paths_need_a_local_index_and_a_question_that_has_one(gold_world):
         gold_paths(_questions(gold_world), Remote(), k=1, max_searches=2)
     hopeless = [q for q in _questions(gold_world) if q.id.startswith("x-")]
     with pytest.raises(SearchRLError, match="stage1.kind=sft: none of the 3 questions"):
-        gold_examples(
-            hopeless,
-            open_retriever(str(gold_world / "index")),
-            RolloutConfig(k=1, max_searches=2),
-            "stage1",
+        RunSearch.open(RetrievalConfig(index=str(gold_world / "index")), tmp_path).gold_examples(
+            hopeless, RolloutConfig(k=1, max_searches=2), "stage1"
         )
 
 
@@ -401,7 +398,7 @@ def test_sft_update_minimises_the_nll_of_policy_tokens_across_micro_batches(gold
         TrainConfig, CONFIGS / "sft-demo-cpu.yaml", _overrides(gold_world, gold_world / "unused")
     )
     retriever = open_retriever(str(gold_world / "index"))
-    examples = gold_examples(_questions(gold_world), retriever, cfg.rollout, "stage1")
+    examples = RunSearch(retriever).gold_examples(_questions(gold_world), cfg.rollout, "stage1")
     results = {}
     for micro in (1, 2):  # one row per pass, or both prompts left-padded into one pass
         actor = Actor.load(

@@ -30,9 +30,9 @@ from searchrl.data.trajectory import Trajectory
 from searchrl.data.types import Question
 from searchrl.errors import SearchRLError
 from searchrl.protocol import Protocol
-from searchrl.retrieval.querycache import RetrievalCounts
 from searchrl.rl.actor import Actor
 from searchrl.rollout.async_worker import AsyncRollouts, Order
+from searchrl.rollout.run_search import RetrievalCounts
 from searchrl.rollout.weights import named_weights
 from searchrl.toolformat.protocol import NativeProtocol
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -14,10 +13,9 @@ from searchrl.agent import build_protocol
 from searchrl.data.types import Question
 from searchrl.errors import DataWarning, SearchRLError
 from searchrl.protocol import Protocol
-from searchrl.retrieval.base import Retriever
 from searchrl.rl.config import TrainConfig
-from searchrl.rl.sft import gold_examples
 from searchrl.rollout.bounds import check_rollout_fits, model_context
+from searchrl.rollout.run_search import RunSearch
 from searchrl.toolformat.protocol import NativeProtocol
 
 
@@ -26,7 +24,7 @@ class Prepared:
     """What the checks loaded, which the run then uses."""
 
     questions: dict[int, list]  # stage -> its training items: questions (kind rl), their gold paths (kind sft)
-    retriever: Retriever
+    search: RunSearch  # the run's retriever, which the rollout worker searches with
     protocol: Protocol | NativeProtocol
 
 
@@ -69,20 +67,14 @@ def preflight(cfg: TrainConfig, stages: list[int], model: str) -> Prepared:
                 protocol.prompt(questions[s][0].question, tokenizer)
         except SearchRLError as exc:
             raise SearchRLError(f"protocol.template={cfg.protocol.template} (stage {s}): {exc}") from None
-    r = cfg.retrieval
-    where = f"retrieval.web.provider={r.web.provider}" if r.web.provider else f"retrieval.url={r.url}" if r.url else f"retrieval.index={r.index}"
-    try:
-        retriever = cfg.retrieval.open(run=str(Path(cfg.out).resolve()))  # web search: the run's budget
-        retriever.search(["preflight"], 1)  # a server that is down fails now, not in the first rollout
-    except SearchRLError as exc:
-        raise SearchRLError(f"{where}: {exc}") from None
+    search = RunSearch.open(cfg.retrieval, cfg.out)  # web search: the run's budget
     context = model_context(model, tokenizer, cfg.rollout)
     planned = [q for s in stages for q in questions[s]]
-    check_rollout_fits(cfg.rollout, protocol, tokenizer, context, planned, retriever, r.index)
+    check_rollout_fits(cfg.rollout, protocol, tokenizer, context, planned, search.retriever, cfg.retrieval.index)
     for s in stages:
         if cfg.stage(s).kind == "sft":
-            questions[s] = gold_examples(questions[s], retriever, cfg.rollout, f"stage{s}")
-    return Prepared(questions, retriever, protocol)
+            questions[s] = search.gold_examples(questions[s], cfg.rollout, f"stage{s}")
+    return Prepared(questions, search, protocol)
 
 
 def warn_slow_dtype(cfg: TrainConfig) -> None:

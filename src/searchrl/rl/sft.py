@@ -10,8 +10,9 @@ correct search trajectories), run by the trainer for a stage with `kind: sft` in
    LR schedule, mini- and micro-batches as RL; the rollout worker then gets the new weights;
 4. **record**: the metrics line (`sft_loss`, tokens, searches, update statistics) and samples.
 
-A stage's examples are its questions that have a gold path (`gold_examples`, found once before
-training); the sampler draws `prompts_per_step` of them a step, in the seeded order RL uses.
+A stage's examples are its questions that have a gold path, found once before training with the
+run's retriever (`rollout.run_search.RunSearch.gold_examples`: the trainer searches only through
+the rollout layer); the sampler draws `prompts_per_step` of them a step, in the seeded order RL uses.
 
 With tool calls (`protocol.format: tool-calls`) the examples are chat conversations too: the run
 writes them to `sft_messages.jsonl` (`write_messages`, one `{"id", "messages"}` a line, the shape
@@ -31,38 +32,15 @@ import torch
 
 from searchrl import metric_names as mn
 from searchrl.data.textio import iter_json_lines
-from searchrl.data.types import Question
-from searchrl.errors import SearchRLError
-from searchrl.retrieval.base import Retriever
 from searchrl.rl.actor import Actor
 from searchrl.rl.batch import make_batch
 from searchrl.rl.config import StageConfig
-from searchrl.rollout.worker import RolloutWorker
 from searchrl.rl.step import StepIndex
-from searchrl.rollout.config import RolloutConfig
 from searchrl.rollout.engine import RolloutEngine
-from searchrl.rollout.gold import GoldPath, gold_messages, gold_paths, gold_trajectories
+from searchrl.rollout.gold import GoldPath, gold_messages, gold_trajectories
+from searchrl.rollout.worker import RolloutWorker
 
 MESSAGES_FILE = "sft_messages.jsonl"
-
-
-def gold_examples(
-    questions: list[Question], retriever: Retriever, rollout: RolloutConfig, key: str
-) -> list[GoldPath]:
-    """The gold paths of the stage's questions that have one, searched as rollouts search
-    (`rollout.k` passages, at most `rollout.max_searches` searches); `key` names the stage in errors."""
-    kept = [
-        p
-        for p in gold_paths(questions, retriever, rollout.k, rollout.max_searches)
-        if p is not None
-    ]
-    if not kept:
-        raise SearchRLError(
-            f"{key}.kind=sft: none of the {len(questions)} questions has a gold search path (supporting_ids whose "
-            f"passages the index finds by title within rollout.k={rollout.k}, at most rollout.max_searches="
-            f"{rollout.max_searches} of them); use a dataset with supporting ids (e.g. toyworld:train)"
-        )
-    return kept
 
 
 def write_messages(

@@ -36,7 +36,6 @@ from searchrl.eval.multihop import multihop_metrics, row_of_trajectory
 from searchrl.format_rules import FORMAT_RULES, TAG_RULES, think_text
 from searchrl.metrics import ANSWER_METRICS
 from searchrl.protocol import Protocol
-from searchrl.retrieval.querycache import RetrievalCounts
 from searchrl.rewards import RewardBreakdown, compute_reward
 from searchrl.rl.actor import Actor, UpdateStats
 from searchrl.rl.advantages import compute_advantages
@@ -45,6 +44,7 @@ from searchrl.rl.batch import RolloutBatch, make_batch
 from searchrl.rl.config import StageConfig
 from searchrl.rl.health_signals import echoes, flat_share, loops, repeated_ngram_share
 from searchrl.rl.losses import behaviour_log_ratio, kl_penalty, masked_sum
+from searchrl.rollout.run_search import retrieval_record
 from searchrl.rollout.worker import RolloutWorker
 from searchrl.tags import TagSet
 from searchrl.toolformat.protocol import NativeProtocol
@@ -135,20 +135,6 @@ def staleness_record(trajectories: Sequence[Trajectory], version: int) -> dict:
     sync mode, where every rollout is sampled by the weights it then trains."""
     lags = [version - t.policy_version for t in trajectories]
     return {mn.STALENESS_MEAN: _mean(lags) if lags else 0.0, mn.STALENESS_MAX: max(lags, default=0)}
-
-
-def retrieval_record(per_rank: list[RetrievalCounts]) -> dict:
-    """The step's searches: `retrieval_s`, the slowest rank's seconds in search (cache included);
-    `retrieval_queries` over every rank; `retrieval_cache_hit_rate`, the share of them answered
-    without a search of their own (the in-process cache, or a repeat in the same batched call);
-    None when nothing was searched or no rank has a cache."""
-    queries = sum(c.queries for c in per_rank)
-    hits = sum(c.cache_hits for c in per_rank)
-    return {
-        mn.RETRIEVAL_S: max(c.seconds for c in per_rank),
-        mn.RETRIEVAL_QUERIES: queries,
-        mn.RETRIEVAL_CACHE_HIT_RATE: hits / queries if queries and any(c.cached for c in per_rank) else None,
-    }
 
 
 def score(trajectories: list[Trajectory], questions: list[Question], stage_cfg: StageConfig, worker: RolloutWorker) -> Scored:

@@ -215,7 +215,7 @@ def _rollout_source(cfg: TrainConfig, actor: Actor, prepared: Prepared, checkpoi
     actor's current weights and the batches `checkpoint` (resumed from) generated ahead."""
     if cfg.rollout.mode == "async":
         return AsyncRanks(actor, prepared.protocol, checkpoint)
-    return RolloutWorker.create(actor, prepared.retriever, prepared.protocol)
+    return RolloutWorker.create(actor, prepared.search.retriever, prepared.protocol)
 
 
 def _plan_steps(cfg: TrainConfig, stage: int, offset: int, start_step: int, sampler: PromptSampler, d: Dist,

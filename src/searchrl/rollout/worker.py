@@ -41,7 +41,8 @@ class RolloutWorker:
     def create(cls, actor, retriever: Retriever, protocol: Protocol) -> RolloutWorker:
         """The agent of the run over the backend `actor.cfg.rollout.backend` names, holding the
         current weights of `actor` (the trainer's policy: its `cfg`, `model`, `tokenizer`,
-        `version` and whether `dist.sharded`), and `retriever` (opened by the preflight checks)."""
+        `version` and whether `dist.sharded`), and `retriever` (opened by the preflight checks,
+        `RunSearch.open`)."""
         from searchrl.rl.policy import rollout_autocast
 
         cfg = actor.cfg
