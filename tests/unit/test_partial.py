@@ -26,7 +26,7 @@ from searchrl.rollout.engine import RolloutEngine
 from searchrl.rollout.hf_backend import HFBackend
 from searchrl.rollout.weights import latest_published, named_weights, publish
 from searchrl.rollout.worker import RolloutWorker
-from searchrl.rollout.worker_process import load_version, newest_version
+from searchrl.rollout.worker_process import PublishedFiles, load_version, newest_version
 from searchrl.runlog import read_metrics
 from searchrl.tags import SEARCH_R1_TAGS, format_documents
 
@@ -76,14 +76,14 @@ def test_continue_takes_the_version_published_between_rounds(models, tmp_path):
     old, new, tok = models
     publish(old, tmp_path, 3)
     worker = _worker(copy.deepcopy(old), tok, max_new_tokens=8, max_tokens_per_turn=4)
-    load_version(worker, tmp_path, 3)
+    load_version(worker, PublishedFiles(tmp_path), 3)
     rounds = []
 
     def between_rounds() -> int:
         rounds.append(worker.version)
         if len(rounds) == 2:  # the trainer publishes its next version while round 1 was generating
             publish(new, tmp_path, 4)
-        return newest_version(worker, tmp_path)
+        return newest_version(worker, PublishedFiles(tmp_path))
 
     trajs = worker.collect(QUESTIONS[:2], 2, seed=5, between_rounds=between_rounds)
     assert latest_published(tmp_path) == 4 and worker.version == 4 and rounds[:2] == [3, 3]

@@ -23,6 +23,8 @@ and takes versioned trajectories; it offers the same calls as the synchronous `R
   backend (`rollout.backend`: hf, or a vLLM engine of its own) loads the version an order names
   before it starts it, as (name, tensor) pairs read from the file (`load_weights`); a remote one
   gets the file's bytes over its connection first (`rollout.worker_links`). With
+  `rollout.weight_transport: broadcast` no file is written: the trainer broadcasts each version
+  to every worker in a process group of their own (`rollout.weight_broadcast`). With
   `rollout.partial: finish` a batch is generated whole by one version (in-flight rollouts finish
   with the weights they started with): every trajectory carries one `policy_version`, and a given
   seed and version give the same batch however the processes are timed, so an async run is
@@ -47,6 +49,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from searchrl import metric_names as mn
 from searchrl.data.trajectory import Trajectory
@@ -55,6 +58,7 @@ from searchrl.errors import SearchRLError
 from searchrl.protocol import Protocol
 from searchrl.retrieval.querycache import RetrievalCounts
 from searchrl.rl.config import TrainConfig
+from searchrl.rollout.weight_broadcast import Sender, group_backend
 from searchrl.rollout.weights import publish, retire, version_of, weights_bytes, weights_folder
 from searchrl.rollout.worker_links import LocalLink, Lost, RemoteLink
 from searchrl.rollout.worker_process import Batch, Failed, machine_cores, worker_main
@@ -99,6 +103,24 @@ def worker_configs(cfg: TrainConfig) -> list[TrainConfig]:
     }) for i in range(r.workers)]
 
 
+def check_broadcast(cfg: TrainConfig) -> None:
+    """Refuse a broadcast group NCCL cannot form: with the trainer on CUDA every local worker
+    needs a GPU of its own (NCCL runs one process per device)."""
+    if cfg.rollout.weight_transport != "broadcast" or group_backend(cfg.device) != "nccl":
+        return
+
+    def gpu(device: str) -> str | None:
+        d = torch.device(device)
+        return f"cuda:{d.index or 0}" if d.type == "cuda" else None
+
+    theirs = [gpu(c.device) for c in worker_configs(cfg)]
+    if None in theirs or gpu(cfg.device) in theirs or len(set(theirs)) != len(theirs):
+        raise SearchRLError(
+            f"rollout.weight_transport=broadcast with the trainer on {cfg.device} broadcasts with NCCL, which needs a GPU "
+            f"of its own for each process; the local rollout workers are on {[c.device for c in worker_configs(cfg)]}: "
+            "give rollout.worker_devices other GPUs, one per worker, or use rollout.weight_transport=file")
+
+
 class AsyncRollouts:
     """The trainer's side of the rollout workers (module docstring)."""
 
@@ -107,11 +129,17 @@ class AsyncRollouts:
         cpus = cfg.rollout.worker_cpus
         if cpus and max(cpus) >= (os.cpu_count() or 1):  # refused here, before a process starts for nothing
             raise SearchRLError(f"rollout.worker_cpus={cpus}: {machine_cores()}")
+        check_broadcast(cfg)
         # At most max_staleness + 2 versions at once, and the spare (rollout/weights.py).
         self._folder = weights_folder(Path(cfg.out), weights_bytes(model) * (cfg.rollout.max_staleness + 3))
         shutil.rmtree(self._folder, ignore_errors=True)  # a killed run's: a resume needs none of them
         self._folder.mkdir(parents=True)
-        publish(model, self._folder, version)
+        self._sender: Sender | None = None
+        if cfg.rollout.weight_transport == "broadcast":
+            n = cfg.rollout.workers + len(cfg.rollout.worker_addresses)
+            self._sender = Sender(n, cfg.device, cfg.rollout.worker_timeout_s)
+        else:
+            publish(model, self._folder, version)
         self._inbox: queue.Queue = queue.Queue()  # (worker index, message), from every link
         self._links: list[LocalLink | RemoteLink] = []
         self._pending: list[Order] = []  # planned, not yet admitted
@@ -121,9 +149,12 @@ class AsyncRollouts:
         self._dropped, self._waited = 0, 0.0
         try:
             for i, worker_cfg in enumerate(worker_configs(cfg)):
-                self._links.append(LocalLink(i, worker_main, worker_cfg, self._folder, self._inbox))
+                group = self._sender.address(i + 1, "127.0.0.1") if self._sender else None
+                self._links.append(LocalLink(i, worker_main, worker_cfg, self._folder, self._inbox, group))
             for address in cfg.rollout.worker_addresses:
-                self._links.append(RemoteLink(len(self._links), address, cfg, self._inbox))
+                rank = len(self._links) + 1
+                group = self._sender.address(rank, cfg.rollout.broadcast_host) if self._sender else None
+                self._links.append(RemoteLink(len(self._links), address, cfg, self._inbox, group))
             tools = {}
             while len(tools) < len(self._links):
                 i, ready = self._receive("to start")
@@ -133,6 +164,9 @@ class AsyncRollouts:
                 if theirs != self.tools:
                     raise SearchRLError(f"the rollout worker {self._links[i].name} has the tools {theirs}, worker "
                                         f"{self._links[0].name} {self.tools}: its overrides must not change the agent")
+            if self._sender is not None:  # every worker joins once it is ready
+                self._sender.join()
+                self._sender.send(model, version)
         except BaseException:
             self.close()
             raise
@@ -195,7 +229,10 @@ class AsyncRollouts:
 
     def sync_weights(self, model, version: int) -> None:
         """Publish the actor's new version, forget the versions no order needs, admit what it allows."""
-        publish(model, self._folder, version)
+        if self._sender is not None:
+            self._sender.send(model, version)
+        else:
+            publish(model, self._folder, version)
         self.version = version
         self._forget()
         self._admit()
@@ -210,6 +247,8 @@ class AsyncRollouts:
         """Stop the workers (they finish nothing in flight) and remove the published weights."""
         for link in self._links:
             link.close()
+        if self._sender is not None:
+            self._sender.close()
         shutil.rmtree(self._folder, ignore_errors=True)
 
     # -- internals ----------------------------------------------------------------------------------

@@ -93,6 +93,22 @@ class RolloutConfig(StrictModel):
         60.0, gt=0, description="Async mode: seconds the trainer keeps retrying to reach each of worker_addresses "
         "before it stops the run naming the address.",
     )
+    weight_transport: Literal["file", "broadcast"] = Field(
+        "file", description="Async mode: how each published policy version reaches the rollout workers. file: the "
+        "trainer writes it as a safetensors file (in /dev/shm where there is room) that local workers read, and sends "
+        "its bytes over the connection to remote ones. broadcast: a torch.distributed broadcast from the trainer to "
+        "every worker, in a process group of their own (rank 0 the trainer; nccl when the trainer's weights are on "
+        "CUDA, then every worker needs a GPU of its own; gloo on CPU), which saves writing and reading the whole model "
+        "per version and, for remote workers, pickling it over the connection. Each worker receives as soon as the "
+        "trainer publishes and keeps the versions its orders still need in its RAM until it loads them. Needs every "
+        "worker to reach the trainer at broadcast_host and the workers to reach one another (docs/guides/async.md).",
+    )
+    broadcast_host: str | None = Field(
+        None, description="Async mode, weight_transport=broadcast: the trainer's host or address as the rollout workers "
+        "reach it, for the broadcast group's rendezvous (the trainer listens on a free port, sent to the workers when "
+        "they start); null = loopback for local workers, and for remote ones the address their server saw the "
+        "trainer connect from.",
+    )
     max_searches: int = Field(
         8, ge=0, le=MAX_SEARCHES, description=f"Searches served per rollout (at most {MAX_SEARCHES}); the next query ends it (max_searches)."
     )

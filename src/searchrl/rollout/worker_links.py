@@ -21,11 +21,12 @@ import tempfile
 import threading
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
 
 from searchrl.errors import SearchRLError
+from searchrl.rollout.weight_broadcast import GroupAddress
 from searchrl.rollout.weights import published_path
 from searchrl.rollout.worker_process import Failed, worker_main
 
@@ -41,9 +42,11 @@ class Lost:
 
 @dataclass(frozen=True)
 class Hello:
-    """The trainer's first message to a remote worker: the run's config, which the worker runs."""
+    """The trainer's first message to a remote worker: the run's config, which the worker runs,
+    and with `weight_transport: broadcast` the group it joins to receive the weights."""
 
     cfg: object  # TrainConfig
+    group: GroupAddress | None = None
 
 
 @dataclass(frozen=True)
@@ -102,14 +105,14 @@ class IdleClock:
 
 
 class LocalLink:
-    """A worker process on this machine, started with `target(cfg, folder, orders, results)`; it
-    reads the published weights from `folder` itself."""
+    """A worker process on this machine, started with `target(cfg, folder, orders, results, group)`;
+    it reads the published weights from `folder` itself, or receives them in `group`."""
 
-    def __init__(self, index: int, target, cfg, folder: Path, inbox: queue.Queue) -> None:
+    def __init__(self, index: int, target, cfg, folder: Path, inbox: queue.Queue, group: GroupAddress | None = None) -> None:
         ctx = mp.get_context("spawn")  # a fork would copy the trainer's threads and model
         # Admission bounds what a worker holds to max_staleness + 1 orders: these queues need no cap.
         self._orders, self._results = ctx.Queue(), ctx.Queue()
-        self.proc = ctx.Process(target=target, args=(cfg, folder, self._orders, self._results),
+        self.proc = ctx.Process(target=target, args=(cfg, folder, self._orders, self._results, group),
                                 name=f"searchrl-rollout-worker-{index}", daemon=True)
         self.proc.start()
         self.name = f"process {self.proc.name} (pid {self.proc.pid})"
@@ -146,21 +149,23 @@ class LocalLink:
 
 class RemoteLink:
     """A worker served at `address` (`serve`): it gets the run's config, then orders, each preceded
-    by its version's weights when the worker does not hold them yet."""
+    by its version's weights when the worker does not hold them yet (unless they come by `group`'s
+    broadcast)."""
 
-    def __init__(self, index: int, address: str, cfg, inbox: queue.Queue) -> None:
+    def __init__(self, index: int, address: str, cfg, inbox: queue.Queue, group: GroupAddress | None = None) -> None:
         host, port = parse_address(address)
         key = authkey(host, f"rollout.worker_addresses {address}")
         self.name = f"at {address}"
         self.clock = IdleClock()
         self._sent_version: int | None = None
+        self._files = group is None
         self._closing = threading.Event()
         self._conn = _connect(address, (host, port), key, cfg.rollout.worker_connect_s)
-        self._conn.send(Hello(cfg))
+        self._conn.send(Hello(cfg, group))
         threading.Thread(target=self._forward, args=(index, inbox), daemon=True).start()
 
     def send(self, order, folder: Path, drop_below: int) -> None:
-        if order is not None and order.version != self._sent_version:
+        if self._files and order is not None and order.version != self._sent_version:
             self._conn.send(Weights(order.version, published_path(folder, order.version).read_bytes(), drop_below))
             self._sent_version = order.version
         self._conn.send(order)
@@ -233,7 +238,7 @@ def serve(listen: str, overrides: list[str]) -> None:
                 print(f"rollout worker: refused a connection ({type(e).__name__}: {e})", flush=True)
                 continue
             with conn:
-                _serve_trainer(conn, overrides)
+                _serve_trainer(conn, overrides, listener.last_accepted[0])
 
 
 def served_config(trainer_cfg, overrides: list[str]):
@@ -252,7 +257,7 @@ def served_config(trainer_cfg, overrides: list[str]):
         raise SearchRLError(f"the worker's overrides {overrides} do not apply to the trainer's config: {e}") from None
 
 
-def _serve_trainer(conn: Connection, overrides: list[str]) -> None:
+def _serve_trainer(conn: Connection, overrides: list[str], trainer_host: str) -> None:
 
     try:
         hello = conn.recv()
@@ -271,7 +276,10 @@ def _serve_trainer(conn: Connection, overrides: list[str]) -> None:
     threading.Thread(target=_receive_orders, args=(conn, folder, orders), daemon=True).start()
     print(f"rollout worker: serving a trainer (run {cfg.out})", flush=True)
     try:
-        worker_main(cfg, folder, orders, _Replies(conn))
+        group = hello.group
+        if group is not None and group.host is None:  # the trainer as this server saw it connect
+            group = replace(group, host=trainer_host)
+        worker_main(cfg, folder, orders, _Replies(conn), group)
     except Exception:  # noqa: BLE001 - sent to the trainer already (Failed); the server waits for the next one
         traceback.print_exc()
     finally:

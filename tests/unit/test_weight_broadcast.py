@@ -1,0 +1,119 @@
+"""`rollout.weight_transport: broadcast` on the tiny-random model, with gloo: a version crosses the
+group bit for bit, in several buckets; an async run whose weights go by broadcast (two local
+workers, then a remote one and a local one, partial: continue too) is the run whose weights go by
+file, metrics and final weights; what cannot form a group is refused, naming the fix."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+import pytest
+import torch
+from test_async import _assert_close, _learning, _run
+from test_async_workers import STALE, _start_server
+from test_trainer import _weights, max_change
+
+from searchrl import metric_names as mn
+from searchrl.errors import SearchRLError
+from searchrl.rl.checkpoint import latest_checkpoint
+from searchrl.rl.config import TrainConfig
+from searchrl.rollout import weight_broadcast, worker_links
+from searchrl.rollout.async_worker import check_broadcast
+from searchrl.rollout.config import RolloutConfig
+from searchrl.rollout.weight_broadcast import Receiver, Sender
+from searchrl.runlog import read_metrics
+
+
+class _Weights(torch.nn.Module):
+    """Parameters of several dtypes and sizes, none a multiple of the 16-byte alignment."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.a = torch.nn.Parameter(torch.randn(7, 3, generator=g))
+        self.b = torch.nn.Parameter(torch.randn(5, generator=g).to(torch.bfloat16), requires_grad=False)
+        self.c = torch.nn.Parameter(torch.randn(40, 9, generator=g).double(), requires_grad=False)
+        self.d = torch.nn.Parameter(torch.randn(1, generator=g))
+
+
+def _bits(t: torch.Tensor) -> bytes:
+    return t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def _receive(address, versions, out) -> None:
+    receiver = Receiver(address, "127.0.0.1", "cpu", RolloutConfig(worker_connect_s=10, worker_timeout_s=30))
+    receiver.start()
+    got = {}
+    for v in versions:
+        got[v] = [(name, str(t.dtype), list(t.shape), _bits(t)) for name, t in receiver.take(v)]  # plain values: the queue pickles
+    out.put((got, receiver.newest()))
+
+
+def test_a_version_crosses_the_group_bit_for_bit_in_buckets(monkeypatch):
+    monkeypatch.setattr(weight_broadcast, "BUCKET_BYTES", 200)  # buckets a + b, c (alone: larger than a bucket), d
+    ctx = mp.get_context("spawn")
+    sender = Sender(2, "cpu", 30)
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_receive, args=(sender.address(rank, "127.0.0.1"), [3, 5], out)) for rank in (1, 2)]
+    for p in procs:
+        p.start()
+    sender.join()
+    models = {3: _Weights(0), 4: _Weights(1), 5: _Weights(2)}
+    for v, m in models.items():  # 4 is published but no order names it: dropped when 5 is taken
+        sender.send(m, v)
+    results = [out.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(timeout=30)
+    for got, newest in results:
+        assert newest is None  # all taken or dropped
+        for v in (3, 5):
+            expected = [(name, str(t.dtype), list(t.shape), _bits(t)) for name, t in models[v].named_parameters()]
+            assert got[v] == expected
+
+
+def test_async_runs_by_broadcast_equal_runs_by_file(world, tmp_path, varied_rewards, monkeypatch):
+    by_file = _run(world, tmp_path / "file", *STALE, "rollout.workers=2")
+    broadcast = _run(world, tmp_path / "broadcast", *STALE, "rollout.workers=2", "rollout.weight_transport=broadcast")
+    records = read_metrics(broadcast)
+    assert any(r[mn.PG_LOSS] != 0 for r in records)  # the runs did learn
+    assert [r[mn.STALENESS_MAX] for r in records] == [0, 1, 1, 0]
+    _assert_close(_learning(by_file), _learning(broadcast))
+    final = latest_checkpoint(by_file).name
+    assert max_change(_weights(by_file / "checkpoints" / final), _weights(broadcast / "checkpoints" / final)) <= 1e-6
+    assert not list((tmp_path / "broadcast").glob("rollout-weights/*"))  # no file was written
+
+    # a remote worker (rank 2, its host derived from the trainer's connection) beside a local one
+    monkeypatch.setenv(worker_links.KEY_ENV, "test-key")
+    proc, address = _start_server(tmp_path / "server.log")
+    try:
+        mixed = _run(world, tmp_path / "mixed", *STALE, "rollout.workers=1", f"rollout.worker_addresses=[{address}]",
+                     "rollout.weight_transport=broadcast")
+        # a trainer the remote worker cannot reach: the worker says so as it starts, and the run stops
+        with pytest.raises(SearchRLError, match=r"at 127.0.0.1:\d+ failed.*cannot reach the trainer's weight broadcast at "
+                                                r"192\.0\.2\.1:\d+ within 2 s.*rollout.broadcast_host"):
+            _run(world, tmp_path / "unreachable", *STALE, "rollout.workers=0", f"rollout.worker_addresses=[{address}]",
+                 "rollout.weight_transport=broadcast", "rollout.broadcast_host=192.0.2.1", "rollout.worker_connect_s=2")
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    _assert_close(_learning(by_file), _learning(mixed))
+    assert max_change(_weights(by_file / "checkpoints" / final), _weights(mixed / "checkpoints" / final)) <= 1e-6
+
+
+def test_what_cannot_form_a_broadcast_group_is_refused_naming_the_fix():
+    def cfg(**rollout) -> TrainConfig:
+        return TrainConfig(device="cuda:0", rollout={"mode": "async", "weight_transport": "broadcast", **rollout})
+
+    # NCCL: one GPU per process (the workers default to the trainer's device)
+    for bad in (cfg(), cfg(workers=2, worker_devices=["cuda:1", "cuda:1"]), cfg(workers=1, worker_devices=["cpu"])):
+        with pytest.raises(SearchRLError, match=r"NCCL, which needs a GPU of its own for each process.*rollout.worker_devices"):
+            check_broadcast(bad)
+    check_broadcast(cfg(workers=2, worker_devices=["cuda:1", "cuda:2"]))
+    check_broadcast(TrainConfig(rollout={"mode": "async", "weight_transport": "broadcast"}))  # gloo on CPU
+    with pytest.raises(SearchRLError, match="broadcasts its weights with NCCL.*this rollout worker's device is cpu"):
+        Receiver(weight_broadcast.GroupAddress("127.0.0.1", 1, 1, 2, "nccl"), "127.0.0.1", "cpu", RolloutConfig())
+
+    unreachable = weight_broadcast.GroupAddress("192.0.2.1", 29999, 1, 2, "gloo")  # TEST-NET-1: nobody there
+    with pytest.raises(SearchRLError, match=r"cannot reach the trainer's weight broadcast at 192\.0\.2\.1:29999 within 1 s"
+                                            r".*rollout.broadcast_host"):
+        Receiver(unreachable, "192.0.2.1", "cpu", RolloutConfig(worker_connect_s=1))
