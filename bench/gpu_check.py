@@ -29,13 +29,18 @@ Parts (all write JSON into --work):
   GPU, else on the trainer's device (dry: CPU). Its searches are
   not forced (the worker is a process of its own, which the wrapper above does not reach), so its
   rollouts run to the token budget; its metrics.jsonl gives each step's time, staleness, and the
-  share of the step the trainer waited for its batch.
+  share of the step the trainer waited for its batch. Then the same run with
+  `rollout.weight_transport=broadcast` (the weights go by a torch.distributed broadcast, nccl on
+  GPU, gloo in the dry run): its steps' times, and each publish's seconds on the trainer's side
+  for both transports. NCCL needs a GPU per process, so on a machine with one GPU that run is
+  skipped (the JSON says so).
 - `report`: one JSON of the figures; its last printed line is `name=value` pairs, ratios first.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -329,36 +334,80 @@ def run_async(args, s: dict) -> None:
 
     from searchrl import metric_names as mn
     from searchrl.rl import trainer
-    from searchrl.runlog import read_metrics
+    from searchrl.rollout.weight_broadcast import group_backend
 
     env = json.loads((Path(args.work) / "env.json").read_text())
     vary_rewards()  # scoring stays in the trainer's process: this reaches it
     run_dir = Path(args.work) / "async-run"
     worker_device = "cuda:1" if s["device"] == "cuda" and torch.cuda.device_count() > 1 else None
-    cfg = train_config(env, s, run_dir, s["async_steps"], "rollout.mode=async", "rollout.max_staleness=1",
-                       *([f"rollout.worker_devices=[{worker_device}]"] if worker_device else []))
+    placed = [f"rollout.worker_devices=[{worker_device}]"] if worker_device else []
+    cfg = train_config(env, s, run_dir, s["async_steps"], "rollout.mode=async", "rollout.max_staleness=1", *placed)
     if s["device"] == "cuda":
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    trainer.train(cfg)
+    with publish_clock() as publishes:
+        trainer.train(cfg)
     total = time.perf_counter() - t0
-    keys = (mn.STEP_SECONDS, mn.ROLLOUT_SECONDS, mn.UPDATE_SECONDS, mn.UPDATES, mn.STALENESS_MEAN, mn.STALENESS_MAX,
-            mn.TRAINER_IDLE_SHARE, mn.BUFFER_DEPTH, mn.DROPPED_GROUPS)
-    steps = [{k: r.get(k) for k in keys} for r in read_metrics(run_dir)]
-    if len(steps) != s["async_steps"] or any(r[mn.UPDATES] < 1 for r in steps):
-        raise SystemExit(f"the async run did not make {s['async_steps']} steps with an update each (metrics: {steps})")
-    for i, r in enumerate(steps, 1):
-        print(f"  async step {i}: {r[mn.STEP_SECONDS]:.2f}s (waited for its batch {r[mn.TRAINER_IDLE_SHARE]:.0%}, "
-              f"update {r[mn.UPDATE_SECONDS]:.2f}), staleness {r[mn.STALENESS_MEAN]:g}", flush=True)
+    steps = async_steps(run_dir, s["async_steps"], "async")
     later = steps[1:]  # the first step waits for its batch whatever the mode: nothing was generated ahead
-    dump(Path(args.work) / "async.json", {
+    out = {
         "steps": steps, "step_seconds": sum(r[mn.STEP_SECONDS] for r in later) / len(later),
         "staleness_mean": sum(r[mn.STALENESS_MEAN] for r in steps) / len(steps),
         "staleness_max": max(r[mn.STALENESS_MAX] for r in steps),
         "trainer_idle_share": sum(r[mn.TRAINER_IDLE_SHARE] for r in later) / len(later),
         "trainer_peak_gb": peak_gb(s["device"]), "worker_device": worker_device or cfg.device, "total_seconds": total,
-        "rollouts_per_step": s["questions"] * s["samples"],
-    })
+        "rollouts_per_step": s["questions"] * s["samples"], "publish_seconds": publishes,
+    }
+    # The same run with the weights broadcast (nccl on GPU: the worker needs a GPU of its own).
+    if s["device"] == "cuda" and not worker_device:
+        out["broadcast"] = {"skipped": f"NCCL needs a GPU per process; this machine has {torch.cuda.device_count()}"}
+    else:
+        cast_dir = Path(args.work) / "async-broadcast-run"
+        cast_cfg = train_config(env, s, cast_dir, s["async_steps"], "rollout.mode=async", "rollout.max_staleness=1",
+                                "rollout.weight_transport=broadcast", *placed)
+        with publish_clock() as cast_publishes:
+            trainer.train(cast_cfg)
+        cast = async_steps(cast_dir, s["async_steps"], "async broadcast")
+        out["broadcast"] = {"steps": cast, "backend": group_backend(cast_cfg.device), "publish_seconds": cast_publishes,
+                            "step_seconds": sum(r[mn.STEP_SECONDS] for r in cast[1:]) / len(cast[1:])}
+    dump(Path(args.work) / "async.json", out)
+
+
+def async_steps(run_dir: Path, n: int, what: str) -> list[dict]:
+    """An async run's step records (the figures the check keeps), printed; exits unless `n` steps each updated."""
+    from searchrl import metric_names as mn
+    from searchrl.runlog import read_metrics
+
+    keys = (mn.STEP_SECONDS, mn.ROLLOUT_SECONDS, mn.UPDATE_SECONDS, mn.UPDATES, mn.STALENESS_MEAN, mn.STALENESS_MAX,
+            mn.TRAINER_IDLE_SHARE, mn.BUFFER_DEPTH, mn.DROPPED_GROUPS)
+    steps = [{k: r.get(k) for k in keys} for r in read_metrics(run_dir)]
+    if len(steps) != n or any(r[mn.UPDATES] < 1 for r in steps) or [r[mn.STALENESS_MAX] for r in steps][:2] != [0, 1][:n]:
+        raise SystemExit(f"the {what} run did not make {n} steps with an update each, one version stale from the second "
+                         f"(metrics: {steps})")
+    for i, r in enumerate(steps, 1):
+        print(f"  {what} step {i}: {r[mn.STEP_SECONDS]:.2f}s (waited for its batch {r[mn.TRAINER_IDLE_SHARE]:.0%}, "
+              f"update {r[mn.UPDATE_SECONDS]:.2f}), staleness {r[mn.STALENESS_MEAN]:g}", flush=True)
+    return steps
+
+
+@contextlib.contextmanager
+def publish_clock():
+    """The seconds of each publish after an update (`AsyncRollouts.sync_weights`: the file written, or
+    the broadcast sent and received by every worker), in a list filled while the block runs."""
+    from searchrl.rollout.async_worker import AsyncRollouts
+
+    seconds, publish = [], AsyncRollouts.sync_weights
+
+    def timed(self, model, version):
+        t0 = time.perf_counter()
+        publish(self, model, version)
+        seconds.append(time.perf_counter() - t0)
+
+    AsyncRollouts.sync_weights = timed
+    try:
+        yield seconds
+    finally:
+        AsyncRollouts.sync_weights = publish
 
 
 def report(args, s: dict) -> None:

@@ -1,7 +1,7 @@
 """scripts/gpu_check.sh --dry end to end (CPU, tiny-random, a handful of tokens), so the GPU check
 cannot rot between GPU runs: every part runs (prepare, rollout with forced search rounds, one RL
 step under torchrun with FSDP2 on one gloo rank, two asynchronous RL steps with a rollout worker
-process, report) and the JSON holds every figure, sane."""
+process, the weights as a file then by broadcast, report) and the JSON holds every figure, sane."""
 
 from __future__ import annotations
 
@@ -47,6 +47,12 @@ def test_gpu_check_dry(tmp_path):
     assert asy["staleness_mean"] == report["figures"]["async_staleness_mean"] == 0.5
     assert asy["step_seconds"] == asy["steps"][1]["step_seconds"] and all(r["dropped_groups"] == 0 for r in asy["steps"])
     assert 0 <= report["figures"]["async_trainer_idle_share"] <= 1
+    # The same async run with its weights broadcast (gloo on CPU), each publish timed for both transports.
+    cast = asy["broadcast"]
+    assert cast["backend"] == "gloo" and [r["staleness_max"] for r in cast["steps"]] == [0, 1]
+    assert all(r["updates"] >= 1 and r["dropped_groups"] == 0 for r in cast["steps"]) and _positive(cast["step_seconds"])
+    assert len(asy["publish_seconds"]) == len(cast["publish_seconds"]) == 2
+    assert all(_positive(t) for t in asy["publish_seconds"] + cast["publish_seconds"])
     assert report["model"]["params"] > 0 and set(report["part_seconds"]) == {"prepare", "rollout", "train", "async"}
     # The last printed line: name=value pairs, the ratio first.
     last = proc.stdout.strip().splitlines()[-2]

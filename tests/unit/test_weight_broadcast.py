@@ -89,7 +89,7 @@ def test_async_runs_by_broadcast_equal_runs_by_file(world, tmp_path, varied_rewa
         mixed = _run(world, tmp_path / "mixed", *STALE, "rollout.workers=1", f"rollout.worker_addresses=[{address}]",
                      "rollout.weight_transport=broadcast")
         # a trainer the remote worker cannot reach: the worker says so as it starts, and the run stops
-        with pytest.raises(SearchRLError, match=r"at 127.0.0.1:\d+ failed.*cannot reach the trainer's weight broadcast at "
+        with pytest.raises(SearchRLError, match=r"(?s)at 127.0.0.1:\d+ failed.*cannot reach the trainer's weight broadcast at "
                                                 r"192\.0\.2\.1:\d+ within 2 s.*rollout.broadcast_host"):
             _run(world, tmp_path / "unreachable", *STALE, "rollout.workers=0", f"rollout.worker_addresses=[{address}]",
                  "rollout.weight_transport=broadcast", "rollout.broadcast_host=192.0.2.1", "rollout.worker_connect_s=2")
