@@ -1,7 +1,8 @@
 """`rollout.weight_transport: broadcast` on the tiny-random model, with gloo: a version crosses the
 group bit for bit, in several buckets; an async run whose weights go by broadcast (two local
 workers, then a remote one and a local one, partial: continue too) is the run whose weights go by
-file, metrics and final weights; what cannot form a group is refused, naming the fix."""
+file, metrics and final weights; a worker lost before a broadcast is named; what cannot form a
+group is refused, naming the fix."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from searchrl.errors import SearchRLError
 from searchrl.rl.checkpoint import latest_checkpoint
 from searchrl.rl.config import TrainConfig
 from searchrl.rollout import weight_broadcast, worker_links
-from searchrl.rollout.async_worker import check_broadcast
+from searchrl.rollout.async_worker import AsyncRollouts, check_broadcast
 from searchrl.rollout.config import RolloutConfig
 from searchrl.rollout.weight_broadcast import Receiver, Sender
 from searchrl.runlog import read_metrics
@@ -98,6 +99,21 @@ def test_async_runs_by_broadcast_equal_runs_by_file(world, tmp_path, varied_rewa
         proc.wait(timeout=30)
     _assert_close(_learning(by_file), _learning(mixed))
     assert max_change(_weights(by_file / "checkpoints" / final), _weights(mixed / "checkpoints" / final)) <= 1e-6
+
+
+def test_a_worker_lost_before_a_broadcast_stops_the_run_naming_it(world, tmp_path, monkeypatch):
+    publish = AsyncRollouts.sync_weights
+
+    def sync_weights(self, model, v):
+        if v == 2:  # gone before the trainer broadcasts version 2: the broadcast fails, the worker is named
+            self._links[1].proc.kill()
+            self._links[1].proc.join()
+        publish(self, model, v)
+
+    monkeypatch.setattr(AsyncRollouts, "sync_weights", sync_weights)
+    with pytest.raises(SearchRLError, match=r"rollout worker process searchrl-rollout-worker-1 \(pid \d+\) exited with code -9 "
+                                            r"while the trainer waited to broadcast policy version 2.*--resume"):
+        _run(world, tmp_path / "killed", *STALE, "rollout.workers=2", "rollout.weight_transport=broadcast")
 
 
 def test_what_cannot_form_a_broadcast_group_is_refused_naming_the_fix():

@@ -166,7 +166,7 @@ class AsyncRollouts:
                                         f"{self._links[0].name} {self.tools}: its overrides must not change the agent")
             if self._sender is not None:  # every worker joins once it is ready
                 self._sender.join()
-                self._sender.send(model, version)
+                self._broadcast(model, version)
         except BaseException:
             self.close()
             raise
@@ -230,7 +230,7 @@ class AsyncRollouts:
     def sync_weights(self, model, version: int) -> None:
         """Publish the actor's new version, forget the versions no order needs, admit what it allows."""
         if self._sender is not None:
-            self._sender.send(model, version)
+            self._broadcast(model, version)
         else:
             publish(model, self._folder, version)
         self.version = version
@@ -252,6 +252,28 @@ class AsyncRollouts:
         shutil.rmtree(self._folder, ignore_errors=True)
 
     # -- internals ----------------------------------------------------------------------------------
+    def _broadcast(self, model, version: int) -> None:
+        """Send `version` to the workers; a broadcast that fails because a worker is gone reports
+        that worker, as a wait for its batch would."""
+        try:
+            self._sender.send(model, version)
+        except RuntimeError as e:
+            why = str(e).splitlines()[0]
+            deadline = time.monotonic() + 5.0  # a local worker's exit reaches the inbox within a second
+            while time.monotonic() < deadline:
+                try:
+                    i, msg = self._inbox.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+                if isinstance(msg, Batch):  # one that arrived before: kept for its step
+                    self._keep(i, msg)
+                elif isinstance(msg, (Lost, Failed)):
+                    self._inbox.put((i, msg))
+                    self._receive(f"to broadcast policy version {version}")  # raises, naming the worker
+            raise SearchRLError(f"the broadcast of policy version {version} to the rollout workers failed ({why}); "
+                                f"the run stops here. `searchrl train --resume {self.cfg.out}` goes on from its last "
+                                "checkpoint") from None
+
     def _needed(self) -> int:
         return min([o.version for o in [*self._admitted.values(), *self._pending]], default=self.version)
 
@@ -279,7 +301,9 @@ class AsyncRollouts:
                 link.clock.sent()
 
     def _receive_batch(self, step: int) -> None:
-        i, batch = self._receive(f"for step {step}'s rollouts")
+        self._keep(*self._receive(f"for step {step}'s rollouts"))
+
+    def _keep(self, i: int, batch: Batch) -> None:
         self._links[i].clock.received()
         self._ready.setdefault(batch.key, {})[i] = batch
 

@@ -7,11 +7,13 @@ workers read (`rollout.weights.publish`).
   is in and from the one vLLM makes in a worker: a TCPStore the trainer listens on (a free port,
   sent in each worker's start message) and the process-group class built on it directly, so
   neither side's default group is touched.
-- **A version on the wire.** Buckets of at most `BUCKET_BYTES`, each the bytes of whole tensors
-  (any dtype, 16-byte aligned), preceded by its length and JSON header (the version; each
-  tensor's name, dtype, shape, offset); a header of length 0 ends the version. The trainer
-  gathers one tensor at a time (`named_weights`), so it holds at most about a bucket beyond its
-  model.
+- **A version on the wire.** The trainer first sets a key in the store (`version-<n>`, its n-th
+  broadcast): a worker waits for it there, on a socket, rather than in a collective posted ahead
+  (which on NCCL would hold GPU threads the worker's engine uses, for as long as a step lasts).
+  Then buckets of at most `BUCKET_BYTES`, each the bytes of whole tensors (any dtype, 16-byte
+  aligned), preceded by its length and JSON header (the version; each tensor's name, dtype, shape,
+  offset); a header of length 0 ends the version. The trainer gathers one tensor at a time
+  (`named_weights`), so it holds at most about a bucket beyond its model.
 - **The worker's side.** A thread of its own receives each version when the trainer publishes
   it, also while the worker generates with an older one (with `partial: finish` a batch is
   generated whole by the version its order names, so the new one cannot go into the engine yet,
@@ -22,6 +24,7 @@ workers read (`rollout.weights.publish`).
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -37,8 +40,8 @@ from searchrl.rollout.weights import named_weights
 
 BUCKET_BYTES = 256 << 20
 _ALIGN = 16
-# A worker's receiving thread waits for the next version as long as the trainer takes to publish
-# it (an evaluation, a checkpoint); the trainer's own waits are bounded by rollout.worker_timeout_s.
+# A worker's receiving thread waits for the next version's key as long as the trainer takes to
+# publish it (an evaluation, a checkpoint); the collectives are bounded by rollout.worker_timeout_s.
 _IDLE = timedelta(days=7)
 _DTYPES = {str(t): t for t in (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
                                torch.int16, torch.int8, torch.uint8, torch.bool)}
@@ -88,6 +91,7 @@ class Sender:
                                     wait_for_workers=False)
         self.port = self._store.port
         self._pg: dist.ProcessGroup | None = None
+        self._sent = 0
 
     def address(self, rank: int, host: str | None) -> GroupAddress:
         return GroupAddress(host, self.port, rank, self.size, self.backend)
@@ -104,6 +108,8 @@ class Sender:
 
     def send(self, model: torch.nn.Module, version: int) -> None:
         """Broadcast `model`'s weights as `version`, bucket by bucket."""
+        self._store.set(f"version-{self._sent}", str(version))
+        self._sent += 1
         bucket: list[tuple[str, torch.Tensor]] = []
         size = 0
         for name, w in named_weights(model):
@@ -168,7 +174,8 @@ class Receiver:
         """Join the group (with the trainer and every other worker), then receive in a thread."""
         if self._device.type == "cuda":
             torch.cuda.set_device(self._device)
-        pg = _process_group(self._store, self._address.rank, self._address.size, self._address.backend, _IDLE)
+        pg = _process_group(self._store, self._address.rank, self._address.size, self._address.backend,
+                            timedelta(seconds=self._timeout_s))
         threading.Thread(target=self._receive, args=(pg,), name="weights-broadcast", daemon=True).start()
 
     def take(self, version: int) -> list[tuple[str, torch.Tensor]]:
@@ -193,7 +200,8 @@ class Receiver:
 
     def _receive(self, pg: dist.ProcessGroup) -> None:
         try:
-            while True:
+            for n in itertools.count():
+                self._store.wait([f"version-{n}"], _IDLE)
                 version, weights = self._version(pg)
                 with self._changed:
                     self._versions[version] = weights
