@@ -138,7 +138,8 @@ class Sender:
         _broadcast(self._pg, data)
 
     def close(self) -> None:
-        self._pg = None
+        """Let go of the group and the store: the workers' waits for a next version end."""
+        self._pg = self._store = None
 
 
 class Receiver:
@@ -172,8 +173,6 @@ class Receiver:
 
     def start(self) -> None:
         """Join the group (with the trainer and every other worker), then receive in a thread."""
-        if self._device.type == "cuda":
-            torch.cuda.set_device(self._device)
         pg = _process_group(self._store, self._address.rank, self._address.size, self._address.backend,
                             timedelta(seconds=self._timeout_s))
         threading.Thread(target=self._receive, args=(pg,), name="weights-broadcast", daemon=True).start()
@@ -199,6 +198,8 @@ class Receiver:
             return max(self._versions, default=None)
 
     def _receive(self, pg: dist.ProcessGroup) -> None:
+        if self._device.type == "cuda":  # this thread's current device; the engine's thread keeps its own
+            torch.cuda.set_device(self._device)
         try:
             for n in itertools.count():
                 self._store.wait([f"version-{n}"], _IDLE)

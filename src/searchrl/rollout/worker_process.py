@@ -124,13 +124,14 @@ def worker_main(cfg: TrainConfig, folder: Path, orders, results, group: GroupAdd
         if cfg.rollout.worker_cpus:  # before the model loads: torch's threads start on these cores
             pin_cpus(cfg.rollout.worker_cpus, "the rollout worker")
         published: PublishedFiles | Receiver = PublishedFiles(folder)
+        receiver = None
         if group is not None:  # before the model loads: an unreachable trainer is reported at once
-            published = Receiver(group, group.host or "127.0.0.1", cfg.device, cfg.rollout)
+            published = receiver = Receiver(group, group.host or "127.0.0.1", cfg.device, cfg.rollout)
         agent = build_agent(cfg, _build_backend(cfg), run=str(Path(cfg.out).resolve()))
         worker = RolloutWorker(agent, functools.partial(rollout_autocast, cfg), version=-1)
         results.put(Ready(worker.tools))
-        if isinstance(published, Receiver):
-            published.start()  # with the trainer, once every worker is ready
+        if receiver is not None:
+            receiver.start()  # with the trainer, once every worker is ready
         while True:
             order = orders.get()
             if order is None:
