@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU check: our rollout engine's tokens/s against plain `generate`, one RL step's time and peak
 # memory (torchrun, one process, FSDP2), and a few asynchronous RL steps (rollout.mode=async: a
-# rollout worker process on a second GPU if any, else the same one; their time and staleness),
+# rollout worker process on a second GPU if any, else the same one; their time and staleness; then
+# the same steps with rollout.weight_transport=broadcast, NCCL, when there is a second GPU),
 # on a random ~0.5B Qwen2 model; writes one JSON of figures. Needs a CUDA GPU, torch, transformers
 # and searchrl's own light dependencies; no network, no vLLM. The work is done by
 # bench/gpu_check.py, one part per process, each under its own timeout (90 + 150 + 240 + 240 s at
@@ -27,7 +28,7 @@ while [[ $# -gt 0 ]]; do
     --dry) DRY=1; shift ;;
     --out) OUT="${2:?--out needs a file}"; shift 2 ;;
     --tokenizer) TOKENIZER="${2:?--tokenizer needs a name or folder}"; shift 2 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
