@@ -1,17 +1,23 @@
 """`rollout.weight_transport: broadcast` on the tiny-random model, with gloo: a version crosses the
-group bit for bit, in several buckets; an async run whose weights go by broadcast (two local
+group bit for bit, in several buckets; a worker with `partial: continue` takes a version broadcast
+between two rounds; an async run whose weights go by broadcast (two local
 workers, then a remote one and a local one, partial: continue too) is the run whose weights go by
 file, metrics and final weights; a worker lost before a broadcast is named; what cannot form a
 group is refused, naming the fix."""
 
 from __future__ import annotations
 
+import copy
 import multiprocessing as mp
+import threading
+import time
 
 import pytest
 import torch
 from test_async import _assert_close, _learning, _run
 from test_async_workers import STALE, _start_server
+from test_partial import _worker, models  # noqa: F401 - models: a fixture
+from test_rollout import QUESTIONS, assert_matches_recompute
 from test_trainer import _weights, max_change
 
 from searchrl import metric_names as mn
@@ -22,6 +28,7 @@ from searchrl.rollout import weight_broadcast, worker_links
 from searchrl.rollout.async_worker import AsyncRollouts, check_broadcast
 from searchrl.rollout.config import RolloutConfig
 from searchrl.rollout.weight_broadcast import Receiver, Sender
+from searchrl.rollout.worker_process import load_version, newest_version
 from searchrl.runlog import read_metrics
 
 
@@ -59,8 +66,8 @@ def test_a_version_crosses_the_group_bit_for_bit_in_buckets(monkeypatch):
     for p in procs:
         p.start()
     sender.join()
-    models = {3: _Weights(0), 4: _Weights(1), 5: _Weights(2)}
-    for v, m in models.items():  # 4 is published but no order names it: dropped when 5 is taken
+    sent = {3: _Weights(0), 4: _Weights(1), 5: _Weights(2)}
+    for v, m in sent.items():  # 4 is published but no order names it: dropped when 5 is taken
         sender.send(m, v)
     results = [out.get(timeout=60) for _ in procs]
     for p in procs:
@@ -68,8 +75,39 @@ def test_a_version_crosses_the_group_bit_for_bit_in_buckets(monkeypatch):
     for got, newest in results:
         assert newest is None  # all taken or dropped
         for v in (3, 5):
-            expected = [(name, str(t.dtype), list(t.shape), _bits(t)) for name, t in models[v].named_parameters()]
+            expected = [(name, str(t.dtype), list(t.shape), _bits(t)) for name, t in sent[v].named_parameters()]
             assert got[v] == expected
+
+
+def test_continue_takes_the_version_broadcast_between_rounds(models):  # noqa: F811 - test_partial's fixture
+    old, new, tok = models
+    sender = Sender(1, "cpu", 30)
+    receiver = Receiver(sender.address(1, "127.0.0.1"), "127.0.0.1", "cpu", RolloutConfig(worker_connect_s=10, worker_timeout_s=30))
+    joining = threading.Thread(target=receiver.start)  # both sides block until the group is whole
+    joining.start()
+    sender.join()
+    joining.join()
+    sender.send(old, 3)
+    worker = _worker(copy.deepcopy(new), tok, max_new_tokens=8, max_tokens_per_turn=4)  # other weights until it loads 3
+    load_version(worker, receiver, 3)
+    rounds = []
+
+    def between_rounds() -> int:
+        rounds.append(worker.version)
+        if len(rounds) == 2:  # the trainer publishes its next version while round 1 was generating
+            sender.send(new, 4)
+            while receiver.newest() != 4:  # the worker's thread stages it a moment after the trainer's send returns
+                time.sleep(0.01)
+        return newest_version(worker, receiver)
+
+    trajs = worker.collect(QUESTIONS[:2], 2, seed=5, between_rounds=between_rounds)
+    assert worker.version == 4 and rounds[:2] == [3, 3] and receiver.newest() is None  # taken, nothing left staged
+    two_rounds = [t for t in trajs if len(t.token_ids) == 8]
+    assert len(two_rounds) >= 3  # a random model rarely writes EOS in its first 4 tokens
+    for t in two_rounds:  # the behaviour log-probs are those of the weights broadcast for each part
+        assert t.token_versions == [3] * 4 + [4] * 4
+        assert_matches_recompute(old, t.prompt_ids, t.token_ids, [1] * 4 + [0] * 4, t.logprobs, greedy=False)
+        assert_matches_recompute(new, t.prompt_ids, t.token_ids, [0] * 4 + [1] * 4, t.logprobs, greedy=False)
 
 
 def test_async_runs_by_broadcast_equal_runs_by_file(world, tmp_path, varied_rewards, monkeypatch):
