@@ -52,13 +52,18 @@ def _assert_close(a: list[dict], b: list[dict]) -> None:
                 assert rb[k] == v, k
 
 
+def _assert_same_run(expected, run) -> None:
+    """`run` learned as `expected` did: every step's learning metrics within 1e-6, the same final weights."""
+    _assert_close(_learning(expected), _learning(run))
+    final = latest_checkpoint(expected).name
+    assert max_change(_weights(expected / "checkpoints" / final), _weights(run / "checkpoints" / final)) <= 1e-6
+
+
 def test_async_with_staleness_0_equals_sync(world, tmp_path, varied_rewards):
     sync = _run(world, tmp_path / "sync")
     run = _run(world, tmp_path / "async", "rollout.mode=async", "rollout.max_staleness=0")
-    _assert_close(_learning(sync), _learning(run))
+    _assert_same_run(sync, run)
     assert any(r[mn.PG_LOSS] != 0 for r in read_metrics(sync))  # the runs did learn
-    final = latest_checkpoint(sync).name
-    assert max_change(_weights(sync / "checkpoints" / final), _weights(run / "checkpoints" / final)) <= 1e-6
     records = read_metrics(run)
     assert all(r[mn.STALENESS_MAX] == 0 and r[mn.DROPPED_GROUPS] == 0 for r in records)
     assert all(0 <= r[mn.TRAINER_IDLE_SHARE] <= 1 for r in records)
@@ -106,9 +111,7 @@ def test_staleness_1_overlaps_and_a_killed_worker_resumes_without_losing_an_upda
     assert latest_checkpoint(crashed).name in ("step_0002", "step_0003") and len(read_metrics(crashed)) < 4
     trainer.train(load_config(TrainConfig, str(crashed / "config.yaml"), []), resume=crashed)
     # the resumed run regenerates step 3's batch with the same seed and version: nothing is lost
-    _assert_close(_learning(full), _learning(crashed))
-    final = latest_checkpoint(full).name
-    assert max_change(_weights(full / "checkpoints" / final), _weights(crashed / "checkpoints" / final)) <= 1e-6
+    _assert_same_run(full, crashed)
 
     # Mid-stage: the checkpoint of step 1 holds version 1, but step 2's batch is version 0's. It
     # is kept in the checkpoint (and its checksums), and the resumed run trains on it.
@@ -120,8 +123,7 @@ def test_staleness_1_overlaps_and_a_killed_worker_resumes_without_losing_an_upda
     ahead = json.loads((first / AHEAD_FILE).read_text())
     assert list(ahead) == ["2"] and {t["policy_version"] for s in ahead["2"]["shares"] for t in s["trajectories"]} == {0}
     trainer.train(load_config(TrainConfig, str(mid / "config.yaml"), ["debug_crash_after_step=null"]), resume=mid)
-    _assert_close(_learning(full), _learning(mid))
-    assert max_change(_weights(full / "checkpoints" / final), _weights(mid / "checkpoints" / final)) <= 1e-6
+    _assert_same_run(full, mid)
 
 
 # `searchrl train` in a process of its own, with the rewards of `vary_rewards`: once step HOLD is
@@ -203,8 +205,6 @@ def test_a_killed_trainer_resumes_without_losing_an_update_and_its_worker_ends(w
     # step 3's batch (version 1's) is in the step-2 checkpoint; step 4's is version 2's, the checkpoint's own
     assert AHEAD_FILE in json.loads((crashed / "checkpoints" / "step_0002" / CHECKSUMS).read_text())
     train_command(None, [], None, str(crashed), None)  # `searchrl train --resume RUN`
-    _assert_close(_learning(full), _learning(crashed))
-    final = latest_checkpoint(full).name
-    assert max_change(_weights(full / "checkpoints" / final), _weights(crashed / "checkpoints" / final)) <= 1e-6
+    _assert_same_run(full, crashed)
     assert not _published(crashed)
 

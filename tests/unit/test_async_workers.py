@@ -13,13 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_async import _assert_close, _learning, _run
-from test_trainer import _weights, max_change
+from test_async import _assert_same_run, _run
 
 from searchrl import metric_names as mn
 from searchrl.data.types import Question
 from searchrl.errors import SearchRLError
-from searchrl.rl.checkpoint import latest_checkpoint
 from searchrl.rl.config import TrainConfig
 from searchrl.rollout import worker_links
 from searchrl.rollout.async_worker import AsyncRollouts, Order, shards, worker_configs
@@ -111,9 +109,7 @@ def test_two_local_workers_train_reproducibly_and_two_remote_servers_give_the_sa
     assert any(r[mn.PG_LOSS] != 0 for r in records)  # the runs did learn
     assert [r[mn.STALENESS_MAX] for r in records] == [0, 1, 1, 0]
     assert all(0 <= r[mn.GENERATION_IDLE_SHARE] <= 1 for r in records)
-    _assert_close(_learning(two), _learning(again))
-    final = latest_checkpoint(two).name
-    assert max_change(_weights(two / "checkpoints" / final), _weights(again / "checkpoints" / final)) <= 1e-6
+    _assert_same_run(two, again)
 
     monkeypatch.setenv(worker_links.KEY_ENV, "test-key")  # the trainer's; the servers get it in their environment
     servers = [_start_server(tmp_path / f"server{i}.log") for i in range(2)]
@@ -124,8 +120,7 @@ def test_two_local_workers_train_reproducibly_and_two_remote_servers_give_the_sa
         for proc, _ in servers:
             proc.kill()
             proc.wait(timeout=30)
-    _assert_close(_learning(two), _learning(remote))
-    assert max_change(_weights(two / "checkpoints" / final), _weights(remote / "checkpoints" / final)) <= 1e-6
+    _assert_same_run(two, remote)
 
 
 def test_a_killed_worker_among_two_stops_the_run_naming_it(world, tmp_path, monkeypatch):

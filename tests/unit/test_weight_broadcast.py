@@ -14,15 +14,13 @@ import time
 
 import pytest
 import torch
-from test_async import _assert_close, _learning, _run
+from test_async import _assert_same_run, _run
 from test_async_workers import STALE, _start_server
 from test_partial import _worker, models  # noqa: F401 - models: a fixture
 from test_rollout import QUESTIONS, assert_matches_recompute
-from test_trainer import _weights, max_change
 
 from searchrl import metric_names as mn
 from searchrl.errors import SearchRLError
-from searchrl.rl.checkpoint import latest_checkpoint
 from searchrl.rl.config import TrainConfig
 from searchrl.rollout import weight_broadcast, worker_links
 from searchrl.rollout.async_worker import AsyncRollouts, check_broadcast
@@ -116,9 +114,7 @@ def test_async_runs_by_broadcast_equal_runs_by_file(world, tmp_path, varied_rewa
     records = read_metrics(broadcast)
     assert any(r[mn.PG_LOSS] != 0 for r in records)  # the runs did learn
     assert [r[mn.STALENESS_MAX] for r in records] == [0, 1, 1, 0]
-    _assert_close(_learning(by_file), _learning(broadcast))
-    final = latest_checkpoint(by_file).name
-    assert max_change(_weights(by_file / "checkpoints" / final), _weights(broadcast / "checkpoints" / final)) <= 1e-6
+    _assert_same_run(by_file, broadcast)
     assert not list((tmp_path / "broadcast").glob("rollout-weights/*"))  # no file was written
 
     # a remote worker (rank 2, its host derived from the trainer's connection) beside a local one
@@ -135,8 +131,7 @@ def test_async_runs_by_broadcast_equal_runs_by_file(world, tmp_path, varied_rewa
     finally:
         proc.kill()
         proc.wait(timeout=30)
-    _assert_close(_learning(by_file), _learning(mixed))
-    assert max_change(_weights(by_file / "checkpoints" / final), _weights(mixed / "checkpoints" / final)) <= 1e-6
+    _assert_same_run(by_file, mixed)
 
 
 def test_a_worker_lost_before_a_broadcast_stops_the_run_naming_it(world, tmp_path, monkeypatch):
