@@ -113,11 +113,12 @@ def check_broadcast(cfg: TrainConfig) -> None:
         d = torch.device(device)
         return f"cuda:{d.index or 0}" if d.type == "cuda" else None
 
-    theirs = [gpu(c.device) for c in worker_configs(cfg)]
+    devices = [c.device for c in worker_configs(cfg)]
+    theirs = [gpu(d) for d in devices]
     if None in theirs or gpu(cfg.device) in theirs or len(set(theirs)) != len(theirs):
         raise SearchRLError(
             f"rollout.weight_transport=broadcast with the trainer on {cfg.device} broadcasts with NCCL, which needs a GPU "
-            f"of its own for each process; the local rollout workers are on {[c.device for c in worker_configs(cfg)]}: "
+            f"of its own for each process; the local rollout workers are on {devices}: "
             "give rollout.worker_devices other GPUs, one per worker, or use rollout.weight_transport=file")
 
 

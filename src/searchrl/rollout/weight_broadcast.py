@@ -36,15 +36,13 @@ import torch
 import torch.distributed as dist
 
 from searchrl.errors import SearchRLError
-from searchrl.rollout.weights import named_weights
+from searchrl.rollout.weights import DTYPE_NAMES, DTYPES, named_weights
 
 BUCKET_BYTES = 256 << 20
 _ALIGN = 16
 # A worker's receiving thread waits for the next version's key as long as the trainer takes to
 # publish it (an evaluation, a checkpoint); the collectives are bounded by rollout.worker_timeout_s.
 _IDLE = timedelta(days=7)
-_DTYPES = {str(t): t for t in (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
-                               torch.int16, torch.int8, torch.uint8, torch.bool)}
 
 
 @dataclass(frozen=True)
@@ -126,7 +124,7 @@ class Sender:
     def _bucket(self, version: int, tensors: list[tuple[str, torch.Tensor]]) -> None:
         entries, at = [], 0
         for name, w in tensors:
-            entries.append([name, str(w.dtype), list(w.shape), at])
+            entries.append([name, DTYPE_NAMES[w.dtype], list(w.shape), at])
             at += _aligned(w.numel() * w.element_size())
         header = json.dumps({"version": version, "bytes": at, "tensors": entries}).encode()
         data = torch.empty(at, dtype=torch.uint8, device=self.device)
@@ -239,7 +237,7 @@ class Receiver:
 def _unpack(header: dict, data: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
     """The tensors of a received bucket, as views of its bytes."""
     for name, dtype, shape, offset in header["tensors"]:
-        t = _DTYPES[dtype]
+        t = DTYPES[dtype]
         n = torch.Size(shape).numel() * t.itemsize
         yield name, data[offset:offset + n].view(t).view(shape)
 

@@ -60,8 +60,10 @@ def named_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 # instead cost a page fault per 4 KB.
 
 SPARE = ".spare.safetensors"
-_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+# The dtypes a published version may hold, by their safetensors names (also the weight broadcast's).
+DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+          "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+DTYPE_NAMES = {t: name for name, t in DTYPES.items()}
 
 
 def weights_folder(run_dir: Path, need_bytes: int) -> Path:
@@ -118,7 +120,7 @@ def publish(model: torch.nn.Module, folder: Path, version: int) -> Path:
     spare = folder / SPARE
     start, header = _header(spare) if spare.exists() else (0, {})
     if header.keys() == weights.keys() and all(
-            _DTYPES.get(h["dtype"]) == weights[k].dtype and h["shape"] == list(weights[k].shape) for k, h in header.items()):
+            DTYPES.get(h["dtype"]) == weights[k].dtype and h["shape"] == list(weights[k].shape) for k, h in header.items()):
         os.replace(spare, tmp)
         with open(tmp, "r+b") as f:
             for name, w in weights.items():
