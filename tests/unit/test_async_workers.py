@@ -5,11 +5,13 @@ run naming it; `generation_idle_share` measures the workers' time without an ord
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -112,14 +114,8 @@ def test_two_local_workers_train_reproducibly_and_two_remote_servers_give_the_sa
     _assert_same_run(two, again)
 
     monkeypatch.setenv(worker_links.KEY_ENV, "test-key")  # the trainer's; the servers get it in their environment
-    servers = [_start_server(tmp_path / f"server{i}.log") for i in range(2)]
-    try:
-        remote = _run(world, tmp_path / "remote", *STALE, "rollout.workers=0",
-                      f"rollout.worker_addresses=[{servers[0][1]}, {servers[1][1]}]")
-    finally:
-        for proc, _ in servers:
-            proc.kill()
-            proc.wait(timeout=30)
+    with _served(tmp_path / "server0.log") as first, _served(tmp_path / "server1.log") as second:
+        remote = _run(world, tmp_path / "remote", *STALE, "rollout.workers=0", f"rollout.worker_addresses=[{first}, {second}]")
     _assert_same_run(two, remote)
 
 
@@ -144,14 +140,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_server(log: Path) -> tuple[subprocess.Popen, str]:
-    """`searchrl rollout serve` on a free loopback port, in a process of its own: (process, address)."""
+@contextlib.contextmanager
+def _served(log: Path) -> Iterator[str]:
+    """`searchrl rollout serve` on a free loopback port, in a process of its own, killed on exit:
+    yields its address."""
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root / "src"), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "searchrl", "rollout", "serve", "--listen", "127.0.0.1:0"],
                             stdout=subprocess.PIPE, stderr=log.open("w"), text=True, env=env)
-    line = proc.stdout.readline()
-    if "listening on" not in line:
+    try:
+        line = proc.stdout.readline()
+        if "listening on" not in line:
+            raise AssertionError(f"the rollout server did not start: {line!r}; {log.read_text()}")
+        yield line.split("listening on ")[1].strip()
+    finally:
         proc.kill()
-        raise AssertionError(f"the rollout server did not start: {line!r}; {log.read_text()}")
-    return proc, line.split("listening on ")[1].strip()
+        proc.wait(timeout=30)

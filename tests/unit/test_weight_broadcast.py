@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 from test_async import _assert_same_run, _run
-from test_async_workers import STALE, _start_server
+from test_async_workers import STALE, _served
 from test_partial import _worker, models  # noqa: F401 - models: a fixture
 from test_rollout import QUESTIONS, assert_matches_recompute
 
@@ -119,8 +119,7 @@ def test_async_runs_by_broadcast_equal_runs_by_file(world, tmp_path, varied_rewa
 
     # a remote worker (rank 2, its host derived from the trainer's connection) beside a local one
     monkeypatch.setenv(worker_links.KEY_ENV, "test-key")
-    proc, address = _start_server(tmp_path / "server.log")
-    try:
+    with _served(tmp_path / "server.log") as address:
         mixed = _run(world, tmp_path / "mixed", *STALE, "rollout.workers=1", f"rollout.worker_addresses=[{address}]",
                      "rollout.weight_transport=broadcast")
         # a trainer the remote worker cannot reach: the worker says so as it starts, and the run stops
@@ -128,9 +127,6 @@ def test_async_runs_by_broadcast_equal_runs_by_file(world, tmp_path, varied_rewa
                                                 r"192\.0\.2\.1:\d+ within 2 s.*rollout.broadcast_host"):
             _run(world, tmp_path / "unreachable", *STALE, "rollout.workers=0", f"rollout.worker_addresses=[{address}]",
                  "rollout.weight_transport=broadcast", "rollout.broadcast_host=192.0.2.1", "rollout.worker_connect_s=2")
-    finally:
-        proc.kill()
-        proc.wait(timeout=30)
     _assert_same_run(by_file, mixed)
 
 
