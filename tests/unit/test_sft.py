@@ -30,7 +30,7 @@ from searchrl.rl.config import TrainConfig
 from searchrl.rl.losses import policy_loss, sft_loss
 from searchrl.rollout.config import RolloutConfig
 from searchrl.rollout.engine import RolloutEngine
-from searchrl.rollout.gold import gold_paths, gold_trajectories
+from searchrl.rollout.gold import evidence_sentence, gold_paths, gold_trajectories
 from searchrl.rollout.run_search import RunSearch
 from searchrl.rollout.scripted import ScriptedBackend
 from searchrl.runlog import read_metrics
@@ -191,9 +191,44 @@ def test_gold_paths_need_a_local_index_and_a_question_that_has_one(gold_world, t
         )
 
 
-@pytest.mark.parametrize("tags,template", [("search-r1", "oneshot"), ("r1searcher", "base")])
+def test_gold_path_with_evidence_quotes_the_sentence_that_names_the_next_step(gold_world):
+    """With evidence, the text after each documents block starts with the sentence of those
+    documents that names the next hop's title (or the answer) as a whole word; nothing when no
+    sentence does (a comparison's second town is named by the question, not by the first passage)."""
+    retriever = open_retriever(str(gold_world / "index"))
+    b1, c0 = gold_paths(
+        [q for q in _questions(gold_world) if q.id in ("b1", "c0")], retriever, 1, 2, evidence=True
+    )
+    tags = Protocol.named("search-r1", "oneshot").tags
+    assert b1.texts(tags, think_opened=False)[1:] == [
+        "Marrowind is a market town on the river Orrin. Next I search for Orrin hills.\n\n<search>Orrin hills</search>",
+        "The Orrin rises in the Ulmo hills. So the answer is Ulmo.</think>\n\n<answer>Ulmo</answer>",
+    ]
+    assert c0.texts(tags, think_opened=False)[1:] == [
+        "Next I search for Marrowind.\n\n<search>Marrowind</search>",
+        "So the answer is Quellbridge.</think>\n\n<answer>Quellbridge</answer>",
+    ]
+    plain = gold_paths([b1.question], retriever, 1, 2)[0]
+    assert plain.texts(tags, False)[1] == "Next I search for Orrin hills.\n\n<search>Orrin hills</search>"
+    # Tool calls: the same sentence leads the assistant turn that makes the next call.
+    calls = [m for m in b1.messages(_native_engine(load_tokenizer("tiny-random"), retriever).protocol)
+             if m["role"] == "assistant" and m.get("tool_calls")]
+    assert [m["content"] for m in calls[-2:]] == [  # after the prompt's worked example
+        "First I search for Marrowind.",
+        "Marrowind is a market town on the river Orrin. Next I search for Orrin hills.",
+    ]
+    # Whole words only: "no" is not named by "honour", a town's name not by a longer word.
+    assert evidence_sentence([Passage("p", "P", "Named in his honour. It is no town.")], ["no"]) == "It is no town."
+    assert evidence_sentence([Passage("p", "P", "Velmarsh is wet.")], ["Velmar"]) is None
+    with pytest.raises(ValueError, match="stage2.evidence quotes sentences"):
+        TrainConfig.model_validate({"stage2": {"evidence": True}})
+
+
+@pytest.mark.parametrize(
+    "tags,template,evidence", [("search-r1", "oneshot", False), ("r1searcher", "base", False), ("search-r1", "oneshot", True)]
+)
 def test_gold_trajectory_is_token_for_token_the_engine_rollout_of_the_same_text(
-    gold_world, tags, template
+    gold_world, tags, template, evidence
 ):
     """A scripted policy that writes the gold text, run through the real engine and index, records
     exactly the gold trajectory; its loss mask is 0 exactly on the documents blocks."""
@@ -202,7 +237,7 @@ def test_gold_trajectory_is_token_for_token_the_engine_rollout_of_the_same_text(
     retriever = open_retriever(str(gold_world / "index"))
     cfg = RolloutConfig(k=1, max_searches=2, max_new_tokens=200)
     questions = [q for q in _questions(gold_world) if q.id in ("b1", "c0")]
-    paths = gold_paths(questions, retriever, cfg.k, cfg.max_searches)
+    paths = gold_paths(questions, retriever, cfg.k, cfg.max_searches, evidence)
     gold_engine = RolloutEngine(
         ScriptedBackend(tokenizer, lambda text: ""), retriever, protocol, cfg
     )

@@ -122,6 +122,12 @@ class StageConfig(StrictModel):
         "(searchrl.rollout.gold; needs supporting_ids and a local retrieval.index), masked as in RL, one per question "
         "(samples_per_prompt: 1), with the same optimizer, schedule and batches; the reward is not used.",
     )
+    evidence: bool = Field(
+        False, description="kind: sft only: after each documents block the gold trajectory first quotes the sentence of "
+        "those documents that names the next search's entity or the answer (searchrl.rollout.gold), so the policy sees "
+        "where the entity it copies stands. A deviation from the paper's SFT baseline, for small models that pick the "
+        "wrong entity of a passage (docs/guides/sft.md).",
+    )
     dataset: str = Field("toyworld:train", description="Training questions: catalog name (r1s-stage1, toyworld:train, ...), a file, or hf:NAME.")
     question_types: list[str] | None = Field(
         None, description="Train only on questions of these types (Question.type: e.g. comparison, bridge-2hop; 2Wiki's "
@@ -230,6 +236,9 @@ class TrainConfig(AgentConfig):
                                  "(gold trajectories, no rollouts): set rollout.mode=sync")
         for n in (1, 2):
             stage = self.stage(n)
+            if stage.kind == "rl" and stage.evidence:
+                raise ValueError(f"stage{n}.evidence quotes sentences in gold trajectories, which only an sft stage trains on: "
+                                 f"set stage{n}.kind=sft or stage{n}.evidence=false")
             if stage.kind == "sft" and stage.samples_per_prompt != 1:
                 raise ValueError(f"stage{n}.kind is sft: set stage{n}.samples_per_prompt=1 (a question's gold trajectory is "
                                  "one fixed sequence; copies would only weigh it more)")

@@ -73,7 +73,7 @@ def preflight(cfg: TrainConfig, stages: list[int], model: str) -> Prepared:
     check_rollout_fits(cfg.rollout, protocol, tokenizer, context, planned, search.retriever, cfg.retrieval.index)
     for s in stages:
         if cfg.stage(s).kind == "sft":
-            questions[s] = search.gold_examples(questions[s], cfg.rollout, f"stage{s}")
+            questions[s] = search.gold_examples(questions[s], cfg.rollout, f"stage{s}", cfg.stage(s).evidence)
     return Prepared(questions, search, protocol)
 
 

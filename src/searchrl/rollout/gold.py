@@ -21,6 +21,18 @@ The policy's text is a fixed template around the queries:
 
     <answer>A</answer>
 
+With `evidence` (an sft stage's `evidence: true`) each step after a documents block first quotes
+the sentence of those documents that names what comes next, the next hop's title or the answer
+(`evidence_sentence`; none when no sentence names it):
+
+    [documents]  X was directed by Q2. Next I search for Q2. ...
+    [documents]  Q2 was born in A. So the answer is A.</think> ...
+
+so the policy is shown where in the passage the entity it copies stands: for a bridge question,
+the sentence whose relation the question asks about (docs/results.md, "Training for the second
+hop": without it, the warm-started agent's second search missed the second passage on 37 of 59
+bridge questions, mostly by naming another entity of the first passage).
+
 With tool calls (`protocol.format: tool-calls`) the path is a chat conversation
 (`GoldPath.messages`, the shape Hugging Face datasets use for tool calling): the protocol's own
 messages (system prompt, worked examples, question), then per hop an assistant turn "First I
@@ -69,22 +81,53 @@ def query_candidates(title: str, question: str, titles: Sequence[str]) -> list[s
     return [title] + [f"{title} {w}" for w in words]
 
 
+def evidence_sentence(passages: Sequence[Passage], targets: Sequence[str]) -> str | None:
+    """The first sentence of `passages` that names one of `targets` as whole words
+    (case-insensitive; "no" is not named by "honour"), or None.
+
+    >>> evidence_sentence([Passage("p1", "Film", "Film is a 1977 film. It was directed by Ana Vel.")], ["Ana Vel"])
+    'It was directed by Ana Vel.'
+    """
+    names = [re.compile(rf"\b{re.escape(t.strip())}\b", re.IGNORECASE) for t in targets if t.strip()]
+    for p in passages:
+        for sentence in re.split(r"(?<=[.!?])\s+", p.text.strip()):
+            if any(n.search(sentence) for n in names):
+                return sentence
+    return None
+
+
 @dataclass(frozen=True)
 class GoldPath:
-    """A question's gold search: (query, passages it returned) per hop, in hop order."""
+    """A question's gold search: (query, passages it returned) per hop, in hop order; `evidence`:
+    quote the sentence that names the next step's target (module docstring)."""
 
     question: Question
     searches: tuple[tuple[str, tuple[Passage, ...]], ...]
+    evidence: bool = False
+
+    def lead(self, hop: int) -> str:
+        """What the policy writes first after the documents of search `hop - 1` (hop = number of
+        searches: before the answer): the evidence sentence and a space, or nothing."""
+        if not self.evidence or hop == 0:
+            return ""
+        if hop < len(self.searches):
+            want = self.question.supporting_ids[hop]
+            targets = [p.title for p in self.searches[hop][1] if p.id == want]
+        else:
+            targets = list(self.question.answers)
+        sentence = evidence_sentence(self.searches[hop - 1][1], targets)
+        return f"{sentence} " if sentence else ""
 
     def texts(self, tags: TagSet, think_opened: bool) -> list[str]:
         """The policy's text: one piece ending with each query, then one ending with the answer."""
         queries = [q for q, _ in self.searches]
         answer = self.question.answers[0]
         out = [("" if think_opened else tags.think_open) + f" First I search for {queries[0]}.\n\n"]
-        out += [f"Next I search for {q}.\n\n" for q in queries[1:]]
+        out += [f"{self.lead(i)}Next I search for {q}.\n\n" for i, q in enumerate(queries[1:], 1)]
         out = [text + f"{tags.query_open}{q}{tags.query_close}" for text, q in zip(out, queries)]
         return out + [
-            f"So the answer is {answer}.{tags.think_close}\n\n{tags.answer_open}{answer}{tags.answer_close}"
+            f"{self.lead(len(queries))}So the answer is {answer}.{tags.think_close}\n\n"
+            f"{tags.answer_open}{answer}{tags.answer_close}"
         ]
 
     def messages(
@@ -96,7 +139,7 @@ class GoldPath:
         `observe`: the search tool's text of a search's passages."""
         out = protocol.messages(self.question.question)
         for i, (query, passages) in enumerate(self.searches):
-            thought = f"{'Next' if i else 'First'} I search for {query}."
+            thought = f"{self.lead(i)}{'Next' if i else 'First'} I search for {query}."
             out.append(NativeChat.call_message(thought, [ToolCall("search", {"query": query})]))
             out.append(NativeChat.tool_message("search", observe(passages)))
         out.append({"role": "assistant", "content": self.question.answers[0]})
@@ -115,7 +158,7 @@ def support_passages(retriever: Retriever, ids: set[str]) -> dict[str, Passage]:
 
 
 def gold_paths(
-    questions: Sequence[Question], retriever: Retriever, k: int, max_searches: int
+    questions: Sequence[Question], retriever: Retriever, k: int, max_searches: int, evidence: bool = False
 ) -> list[GoldPath | None]:
     """Each question's gold path, or None when it has none (see the module docstring). Searches
     are batched: round r tries the r-th query candidate of every hop not yet found."""
@@ -144,7 +187,7 @@ def gold_paths(
     paths: list[GoldPath | None] = []
     for qi, q in enumerate(questions):
         hops = [found.get((qi, hop)) for hop in range(len(q.supporting_ids))]
-        paths.append(GoldPath(q, tuple(hops)) if hops and all(hops) else None)
+        paths.append(GoldPath(q, tuple(hops), evidence) if hops and all(hops) else None)
     return paths
 
 

@@ -47,10 +47,14 @@ class RunSearch:
             raise SearchRLError(f"{where}: {exc}") from None
         return cls(retriever)
 
-    def gold_examples(self, questions: list[Question], rollout: RolloutConfig, key: str) -> list[GoldPath]:
+    def gold_examples(
+        self, questions: list[Question], rollout: RolloutConfig, key: str, evidence: bool = False
+    ) -> list[GoldPath]:
         """The gold paths of the stage's questions that have one, searched as rollouts search
-        (`rollout.k` passages, at most `rollout.max_searches` searches); `key` names the stage in errors."""
-        kept = [p for p in gold_paths(questions, self.retriever, rollout.k, rollout.max_searches) if p is not None]
+        (`rollout.k` passages, at most `rollout.max_searches` searches); `key` names the stage in
+        errors; `evidence`: the paths quote their evidence sentences (`rollout.gold`)."""
+        paths = gold_paths(questions, self.retriever, rollout.k, rollout.max_searches, evidence)
+        kept = [p for p in paths if p is not None]
         if not kept:
             raise SearchRLError(
                 f"{key}.kind=sft: none of the {len(questions)} questions has a gold search path (supporting_ids whose "
