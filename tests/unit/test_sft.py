@@ -295,7 +295,7 @@ def test_gold_trajectory_is_token_for_token_the_engine_rollout_of_the_same_text(
         )
         assert reward.format_ok and reward.answer == 1.0 and g.answer == path.question.answers[0]
 
-    with pytest.raises(SearchRLError, match="rollout.max_new_tokens=20"):
+    with pytest.raises(SearchRLError, match=r"2 of 2 gold trajectories have more policy tokens than rollout.max_new_tokens=20 \(the longest, question '\w+', has \d+\); set rollout.max_new_tokens=\d+"):
         gold_trajectories(
             RolloutEngine(
                 gold_engine.backend,
@@ -508,6 +508,13 @@ def test_train_sft_config_writes_checkpoints_and_resumes_like_an_uninterrupted_r
     ]
     assert {s["id"][0] for s in samples} == {"c"}  # Stage 2 keeps the demo's comparison questions
     assert all(s["prediction"] == s["answers"][0] and s["n_searches"] == 2 for s in samples)
+    # Every example is checked against the policy-token budget before the first step.
+    short = tmp_path / "short"
+    result = CliRunner().invoke(
+        app, ["train", "--config", config, *_overrides(gold_world, short), "rollout.max_new_tokens=20"]
+    )
+    assert "gold trajectories have more policy tokens" in str(result.exception), result.output
+    assert not read_metrics(short)
 
     crashed = tmp_path / "crashed"
     result = CliRunner().invoke(

@@ -38,6 +38,7 @@ from searchrl.rl.sampler import PromptSampler
 from searchrl.rl.sft import sft_step, write_messages
 from searchrl.rl.step import StepIndex, train_step
 from searchrl.rollout.async_worker import Order
+from searchrl.rollout.gold import gold_trajectories
 from searchrl.rollout.worker import RolloutWorker
 from searchrl.runlock import RunLock
 from searchrl.runlog import ROLLBACKS_FILE, RunLogger, read_events, read_metrics
@@ -143,6 +144,8 @@ def _train(cfg: TrainConfig, resume: Path | None, stages: list[int] | None, d: D
         actor.version = state.step  # one update per step: the policy version goes on where it was saved
     worker = _rollout_source(cfg, actor, prepared, state_dir if state is not None else None)
     sft = [p for s in plan[first:] if cfg.stage(s).kind == "sft" for p in prepared.questions[s]]
+    if sft:  # a gold trajectory over the policy-token budget stops the run now, not at its step
+        gold_trajectories(worker.engine, sft)
     if d.main and sft:  # tool calls: the SFT examples as chat messages, for other trainers
         write_messages(run_dir, worker.engine, sft)
     logger = RunLogger(run_dir, cfg.logging.report_to, purge_step=state.step + 1 if state else None,

@@ -204,8 +204,9 @@ def gold_messages(engine: RolloutEngine, path: GoldPath) -> list[Message]:
 
 def gold_trajectories(engine: RolloutEngine, paths: Sequence[GoldPath]) -> list[Trajectory]:
     """The gold paths as the engine records rollouts (policy tokens mask 1, documents or tool
-    results mask 0). A path longer than the engine's policy-token budget is refused: a rollout
-    would be cut there."""
+    results mask 0). Paths longer than the engine's policy-token budget are refused, all named by
+    one error (a rollout would be cut there); the trainer builds every example once before its
+    first step, so a run does not stop on one in the middle."""
     prompt_ids = engine.prompt_ids([p.question for p in paths])
     protocol = engine.protocol
     out = []
@@ -214,12 +215,13 @@ def gold_trajectories(engine: RolloutEngine, paths: Sequence[GoldPath]) -> list[
             turns = gold_messages(engine, path)[len(protocol.messages(path.question.question)) :]
         else:
             turns = path.texts(protocol.tags, protocol.think_opened_in_prompt)
-        traj = engine.written(path.question, ids, turns, path.searches)
-        written = sum(traj.loss_mask)
-        if written > engine.cfg.max_new_tokens:
-            raise SearchRLError(
-                f"question {path.question.id!r}: its gold trajectory has {written} policy tokens, more than "
-                f"rollout.max_new_tokens={engine.cfg.max_new_tokens}; raise rollout.max_new_tokens"
-            )
-        out.append(traj)
+        out.append(engine.written(path.question, ids, turns, path.searches))
+    budget = engine.cfg.max_new_tokens
+    over = [(sum(t.loss_mask), t.question_id) for t in out if sum(t.loss_mask) > budget]
+    if over:
+        longest, qid = max(over)
+        raise SearchRLError(
+            f"{len(over)} of {len(paths)} gold trajectories have more policy tokens than rollout.max_new_tokens="
+            f"{budget} (the longest, question {qid!r}, has {longest}); set rollout.max_new_tokens={longest}"
+        )
     return out
