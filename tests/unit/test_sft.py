@@ -28,6 +28,7 @@ from searchrl.rl.batch import make_batch
 from searchrl.rl.checkpoint import latest_checkpoint
 from searchrl.rl.config import TrainConfig
 from searchrl.rl.losses import policy_loss, sft_loss
+from searchrl.rl.preflight import preflight
 from searchrl.rollout.config import RolloutConfig
 from searchrl.rollout.engine import RolloutEngine
 from searchrl.rollout.gold import evidence_sentence, gold_paths, gold_trajectories
@@ -222,6 +223,29 @@ def test_gold_path_with_evidence_quotes_the_sentence_that_names_the_next_step(go
     assert evidence_sentence([Passage("p", "P", "Velmarsh is wet.")], ["Velmar"]) is None
     with pytest.raises(ValueError, match="stage2.evidence quotes sentences"):
         TrainConfig.model_validate({"stage2": {"evidence": True}})
+
+
+def test_drop_shortcuts_leaves_out_questions_whose_first_passage_names_the_answer(gold_world, tmp_path):
+    """A question whose first supporting passage names its answer is left out of an RL stage with
+    drop_shortcuts; a comparison (the question names both candidates), a bridge whose answer only
+    the second passage names, and a question without supporting ids stay."""
+    shortcut_q = {"id": "s0", "question": "On which river is the town Quellbridge?", "answers": ["Tessaly"],
+                  "supporting_ids": ["town-0", "river-0"], "type": "bridge-2hop"}
+    rows = [json.loads(line) for line in (gold_world / "q.jsonl").read_text().splitlines()]
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in [shortcut_q, *rows]))
+    base = _overrides(gold_world, tmp_path / "run", f"stage2.dataset={data}")
+
+    def kept(*extra: str) -> list[str]:
+        cfg = load_config(TrainConfig, None, [*base, *extra])
+        return [q.id for q in preflight(cfg, [2], "tiny-random").questions[2]]
+
+    assert kept()[0] == "s0"
+    # x-hops and x-missing answer "a", which their first passage ("... is a market town") names.
+    assert kept("stage2.drop_shortcuts=true") == ["b0", "b1", "b2", "b3", "c0", "c1", "c2", "x-none"]
+    with pytest.raises(SearchRLError, match="stage2.drop_shortcuts: one search answers every one of the 1 questions"):
+        data.write_text(json.dumps(shortcut_q) + "\n")
+        kept("stage2.drop_shortcuts=true")
 
 
 @pytest.mark.parametrize(
@@ -574,3 +598,11 @@ def test_train_sft_with_tool_calls_trains_and_writes_its_examples_as_chat_messag
     )
     assert result.exit_code == 0, result.output
     assert not (tags / "sft_messages.jsonl").exists()
+
+
+def test_gold_doctests():
+    import doctest
+
+    from searchrl.rollout import gold
+
+    assert doctest.testmod(gold).failed == 0

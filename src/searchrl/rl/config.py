@@ -128,6 +128,12 @@ class StageConfig(StrictModel):
         "where the entity it copies stands. A deviation from the paper's SFT baseline, for small models that pick the "
         "wrong entity of a passage (docs/guides/sft.md).",
     )
+    drop_shortcuts: bool = Field(
+        False, description="Leave out questions that one search can answer: those whose first supporting passage names "
+        "the answer while the question does not (searchrl.rollout.gold.shortcut; needs supporting_ids and a local "
+        "retrieval.index). Data selection for multi-hop training: an outcome reward pays a rollout that stops after one "
+        "search on such a question as much as one that searches on (docs/results.md, \"Training for the second hop\").",
+    )
     dataset: str = Field("toyworld:train", description="Training questions: catalog name (r1s-stage1, toyworld:train, ...), a file, or hf:NAME.")
     question_types: list[str] | None = Field(
         None, description="Train only on questions of these types (Question.type: e.g. comparison, bridge-2hop; 2Wiki's "

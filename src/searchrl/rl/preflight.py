@@ -72,6 +72,8 @@ def preflight(cfg: TrainConfig, stages: list[int], model: str) -> Prepared:
     planned = [q for s in stages for q in questions[s]]
     check_rollout_fits(cfg.rollout, protocol, tokenizer, context, planned, search.retriever, cfg.retrieval.index)
     for s in stages:
+        if cfg.stage(s).drop_shortcuts:
+            questions[s] = search.drop_shortcuts(questions[s], f"stage{s}")
         if cfg.stage(s).kind == "sft":
             questions[s] = search.gold_examples(questions[s], cfg.rollout, f"stage{s}", cfg.stage(s).evidence)
     return Prepared(questions, search, protocol)

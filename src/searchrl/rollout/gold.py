@@ -88,12 +88,30 @@ def evidence_sentence(passages: Sequence[Passage], targets: Sequence[str]) -> st
     >>> evidence_sentence([Passage("p1", "Film", "Film is a 1977 film. It was directed by Ana Vel.")], ["Ana Vel"])
     'It was directed by Ana Vel.'
     """
-    names = [re.compile(rf"\b{re.escape(t.strip())}\b", re.IGNORECASE) for t in targets if t.strip()]
     for p in passages:
         for sentence in re.split(r"(?<=[.!?])\s+", p.text.strip()):
-            if any(n.search(sentence) for n in names):
+            if names_any(sentence, targets):
                 return sentence
     return None
+
+
+def names_any(text: str, targets: Sequence[str]) -> bool:
+    """Whether `text` holds one of `targets` as whole words (case-insensitive)."""
+    return any(
+        re.search(rf"\b{re.escape(t.strip())}\b", text, re.IGNORECASE) for t in targets if t.strip()
+    )
+
+
+def shortcut(question: Question, first: Passage) -> bool:
+    """Whether one search can answer `question`: its first supporting passage `first` names the
+    answer and the question itself does not (a comparison names both candidates, and needs both
+    passages to choose).
+
+    >>> q = Question("q", "Where was the director of Film born?", ["Harbel"], supporting_ids=["f", "d"])
+    >>> shortcut(q, Passage("f", "Film", "Film was shot in Harbel.")), shortcut(q, Passage("f", "Film", "A film."))
+    (True, False)
+    """
+    return names_any(first.text, question.answers) and not names_any(question.question, question.answers)
 
 
 @dataclass(frozen=True)

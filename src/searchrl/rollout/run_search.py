@@ -6,6 +6,8 @@ what it needs of retrieval besides is here.
   and queried once, so a server that is down fails in seconds with the setting that names it;
 - `RunSearch.gold_examples`: an SFT stage's training items, its questions' gold search paths
   (`rollout.gold`), found once before training with the same retriever;
+- `RunSearch.drop_shortcuts`: an RL stage's questions less those one search can answer
+  (`rollout.gold.shortcut`), when the stage asks for it;
 - `RunSearch.retriever`: what the rollout worker then searches with (`RolloutWorker.create`);
 - `RetrievalCounts`, `retrieval_record`: what a rollout source's `searched()` reports of a
   batch's searches (the query cache wrapper's counts), and the step's metrics from every rank's.
@@ -23,7 +25,7 @@ from searchrl.retrieval import RetrievalConfig
 from searchrl.retrieval.base import Retriever
 from searchrl.retrieval.querycache import RetrievalCounts
 from searchrl.rollout.config import RolloutConfig
-from searchrl.rollout.gold import GoldPath, gold_paths
+from searchrl.rollout.gold import GoldPath, gold_paths, shortcut, support_passages
 
 __all__ = ["RetrievalCounts", "RunSearch", "retrieval_record"]
 
@@ -61,6 +63,19 @@ class RunSearch:
                 f"passages the index finds by title within rollout.k={rollout.k}, at most rollout.max_searches="
                 f"{rollout.max_searches} of them); use a dataset with supporting ids (e.g. toyworld:train)"
             )
+        return kept
+
+
+    def drop_shortcuts(self, questions: list[Question], key: str) -> list[Question]:
+        """`questions` less those whose first supporting passage names the answer (one search
+        answers them: an outcome reward would pay for stopping after it); questions without
+        supporting ids are kept. `key` names the stage in errors."""
+        passages = support_passages(self.retriever, {q.supporting_ids[0] for q in questions if q.supporting_ids})
+        kept = [q for q in questions if not (q.supporting_ids and q.supporting_ids[0] in passages
+                                             and shortcut(q, passages[q.supporting_ids[0]]))]
+        if not kept:
+            raise SearchRLError(f"{key}.drop_shortcuts: one search answers every one of the {len(questions)} questions; "
+                                f"set {key}.drop_shortcuts=false or choose other question_types")
         return kept
 
 
