@@ -291,6 +291,12 @@ def test_lr_schedule_warmup_then_cosine(world, tmp_path):
     assert got == pytest.approx(want)
 
 
+def test_stage_lr_scale_sets_each_stages_learning_rate(world, tmp_path):
+    run = trainer.train(load_config(TrainConfig, None, _overrides(world, tmp_path / "run", "stage1.steps=1",
+                                                                  "stage2.lr_scale=0.25")))
+    assert [(r["stage"], r["lr"]) for r in read_metrics(run)] == [(1, pytest.approx(1e-3)), (2, pytest.approx(2.5e-4))]
+
+
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_configs_validate(path):
     cfg = load_config(TrainConfig, path)

@@ -199,7 +199,7 @@ class Actor:
         return 1.0
 
     def update(self, batch: RolloutBatch, stage_step: int, stage_steps: int, shuffle: torch.Generator,
-               objective: str = "rl") -> UpdateStats:
+               objective: str = "rl", lr_scale: float = 1.0) -> UpdateStats:
         """`ppo_epochs` passes of clipped updates over the batch in mini-batches, micro-batched
         with gradient accumulation. When `batch.old_logp` is None (one update per batch), each
         micro-batch's own first forward runs on the weights that sampled, so its detached
@@ -207,7 +207,8 @@ class Actor:
 
         `objective="sft"`: the same passes minimise the masked NLL (`losses.sft_loss`, at
         temperature 1) of written trajectories instead: no old log-probs or advantages, and rows
-        of different prompts share micro-batches (`pg_loss` then holds the NLL)."""
+        of different prompts share micro-batches (`pg_loss` then holds the NLL). `lr_scale`: the
+        stage's factor on the learning rate (`StageConfig.lr_scale`)."""
         alg = self.cfg.algorithm
         sft = objective == "sft"
         n_mini = self.mini_batches(len(batch))
@@ -223,7 +224,7 @@ class Actor:
             order = group_order(batch.group_ids, batch.response_lengths(), shuffle).to(batch.mask.device)
             for u, rows in enumerate(torch.tensor_split(order, n_mini)):
                 units = int(self.dist.total(loss_units(batch.mask[rows], alg.loss_agg)))  # the global mini-batch's denominator
-                self._set_lr(stage_step * per_step + epoch * n_mini + u, stage_steps, per_step)
+                self._set_lr(stage_step * per_step + epoch * n_mini + u, stage_steps, per_step, lr_scale)
                 if not has_signal or units == 0:
                     continue  # no policy token, or nothing to learn from
                 self.optimizer.zero_grad(set_to_none=True)
@@ -284,9 +285,9 @@ class Actor:
     def _k3_kl(self, batch: RolloutBatch) -> bool:
         return self.cfg.algorithm.kl_kind == "k3-loss" and batch.ref_logp is not None
 
-    def _set_lr(self, update: int, stage_steps: int, per_step: int) -> None:
+    def _set_lr(self, update: int, stage_steps: int, per_step: int, scale: float) -> None:
         for group in self.optimizer.param_groups:
-            group["lr"] = self.cfg.algorithm.lr * self.lr_factor(update, stage_steps, per_step)
+            group["lr"] = self.cfg.algorithm.lr * scale * self.lr_factor(update, stage_steps, per_step)
 
     # -- checkpoints ------------------------------------------------------------------------------
     def save(self, run_dir: Path, step: int, state: ckpt.TrainerState, export: bool,

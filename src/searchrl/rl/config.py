@@ -141,6 +141,10 @@ class StageConfig(StrictModel):
     )
     reward: RewardConfig = Field(default_factory=RewardConfig, description="Reward of this stage: its preset (stage1, stage2), magnitudes and added terms.")
     steps: int = Field(10, ge=0, description="Training steps (one rollout batch each).")
+    lr_scale: float = Field(
+        1.0, gt=0, description="This stage's learning rate is algorithm.lr times this factor (schedule and rollbacks "
+        "apply on top): e.g. an sft warm start at the full rate, then RL at a fraction that does not undo it.",
+    )
     prompts_per_step: int = Field(4, ge=1, description="Questions per step.")
     samples_per_prompt: int = Field(
         8, ge=1, description="Rollouts per question, one baseline group (paper: 16); at least 2 in an rl stage (a group of one "

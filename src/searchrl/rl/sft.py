@@ -94,6 +94,7 @@ def sft_step(
         stage_cfg.steps,
         torch.Generator().manual_seed(at.seed ^ 0x5EED),
         objective="sft",
+        lr_scale=stage_cfg.lr_scale,
     )
     worker.sync_weights(actor.model, actor.version)
     t2 = time.perf_counter()

@@ -111,7 +111,8 @@ def train_step(actor: Actor, worker: RolloutWorker | AsyncRanks, stage_cfg: Stag
     batch = prepare(actor, scored)
     old_from_update = batch.old_logp is None
     t2 = time.perf_counter()
-    stats = actor.update(batch, at.stage_step, stage_cfg.steps, torch.Generator().manual_seed(at.seed ^ 0x5EED))
+    stats = actor.update(batch, at.stage_step, stage_cfg.steps, torch.Generator().manual_seed(at.seed ^ 0x5EED),
+                         lr_scale=stage_cfg.lr_scale)
     worker.wake()
     worker.sync_weights(actor.model, actor.version)
     t3 = time.perf_counter()
