@@ -54,8 +54,13 @@ def test_the_workers_run_the_trainer_s_agent_device_dtype_and_run_and_nothing_el
     assert (cfg.profile, cfg.protocol, cfg.rollout, cfg.retrieval) == (train.profile, train.protocol, train.rollout, train.retrieval)
     assert set(WorkerConfig.model_fields) == {"model", "profile", "protocol", "tools", "rollout", "retrieval", "device", "dtype", "run"}
     assert typing.get_args(TrainConfig.model_fields["dtype"].annotation) == typing.get_args(Dtype)  # every run's dtype carries over
-    with pytest.raises(ValueError, match="rollout.backend=scripted is not supported there"):
-        WorkerConfig(run="runs/x", rollout={"backend": "scripted"}, retrieval={"index": "toyworld"})
+    for rollout, why in [({"backend": "scripted"}, "rollout.backend=scripted is not supported there"),
+                         ({"greedy": True}, "rollout.greedy must be false"),
+                         ({"partial": "continue", "round_quorum": 0.5}, "round_quorum=0.5 some always are")]:
+        with pytest.raises(ValueError, match=why):  # as the trainer's config refuses them (a served worker's overrides)
+            WorkerConfig(run="runs/x", rollout=rollout, retrieval={"index": "toyworld"})
+    with pytest.raises(ValueError, match="a rollout worker searches: set retrieval.index"):
+        WorkerConfig(run="runs/x", retrieval={"index": None})
 
 
 def test_local_workers_share_the_cores_and_devices_given():

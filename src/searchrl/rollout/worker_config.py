@@ -31,10 +31,17 @@ class WorkerConfig(AgentConfig):
 
     @field_validator("rollout")
     @classmethod
-    def _backend(cls, v: RolloutConfig) -> RolloutConfig:
+    def _trains(cls, v: RolloutConfig) -> RolloutConfig:
+        """What the training config refuses for async rollouts, refused here too: a served worker's
+        overrides are validated by this class alone."""
         if v.backend not in ("hf", "vllm"):
             raise ValueError(f"a rollout worker runs the hf or vllm backend; rollout.backend={v.backend} is not supported "
                              "there: set rollout.backend=hf or vllm")
+        if v.greedy:
+            raise ValueError("rollout.greedy must be false for training: a group of identical samples has no baseline signal")
+        if v.partial == "continue" and v.round_quorum < 1:
+            raise ValueError(f"rollout.partial=continue swaps weights between rounds, when no rollout is generating; with "
+                             f"rollout.round_quorum={v.round_quorum:g} some always are: set rollout.round_quorum=1")
         return v
 
     @field_validator("retrieval")
