@@ -21,7 +21,7 @@ four-search rollouts, as the search agents' batches do. The written tags count a
 (they are in the loss) with a behaviour log-prob of 0; sampled text is the model's. Rewards are
 the stage's plus bench/trainer.py's `toy_reward` (a hash of the text), so every group has variance
 and no update is skipped. Generation is float32 in both modes whatever --dtype (the hf backend on
-CPU, `rl.policy.rollout_autocast`).
+CPU, `rollout.precision.rollout_autocast`).
 
 Measured: the first --warmup steps of each run are dropped (model load, the async pipeline
 filling); over the rest, from each run's metrics.jsonl: updates per hour (3600 / mean

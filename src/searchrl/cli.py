@@ -516,7 +516,7 @@ def train(
 
 @rollout_app.command("serve")
 def rollout_serve(
-    overrides: list[str] = typer.Argument(None, help="key=value overrides of the trainer's TrainConfig that hold on this machine only, e.g. device=cuda:1 rollout.worker_cpus=[0,1] retrieval.index=/data/wiki-index."),
+    overrides: list[str] = typer.Argument(None, help="key=value overrides of the config the trainer sends (its model, profile, protocol, tools, rollout, retrieval, device, dtype and run directory) that hold on this machine only, e.g. device=cuda:1 rollout.worker_cpus=[0,1] retrieval.index=/data/wiki-index."),
     listen: str = typer.Option(..., "--listen", help="HOST:PORT to wait for trainers on (port 0: a free one, printed). An address other than loopback needs SEARCHRL_WORKER_KEY set, the same as the trainer's."),
 ) -> None:
     """Run a rollout worker that waits for trainers (rollout.worker_addresses), one at a time: it runs each trainer's config and gets its weights over the connection."""

@@ -1,6 +1,8 @@
-"""The layering of the package, checked on its source: the trainer (`searchrl.rl`) meets
-retrieval only through the rollout layer (docs/concepts/architecture.md). It publishes weights
-and takes trajectories; the rollout layer opens, checks and searches the retriever."""
+"""The layering of the package, checked on its source (docs/concepts/architecture.md): the trainer
+(`searchrl.rl`) meets retrieval only through the rollout layer, and the rollout layer knows
+nothing of the trainer. The trainer publishes versioned weights and takes versioned
+trajectories; the rollout layer opens, checks and searches the retriever, and its workers run a
+config of their own (`rollout.worker_config`), which the trainer builds."""
 
 from __future__ import annotations
 
@@ -9,9 +11,9 @@ from pathlib import Path
 
 import searchrl
 
-RL = Path(searchrl.__file__).parent / "rl"
+PACKAGE = Path(searchrl.__file__).parent
 # The train command's one typed config composes every layer's config, retrieval's included.
-ALLOWED = {"config.py"}
+RL_MAY_IMPORT_RETRIEVAL = {"config.py"}
 
 
 def imported_modules(source: str, package: str) -> list[tuple[int, str]]:
@@ -30,23 +32,33 @@ def imported_modules(source: str, package: str) -> list[tuple[int, str]]:
     return out
 
 
-def retrieval_imports(folder: Path, package: str) -> list[str]:
-    """'module.py:line imports name' for each import of searchrl.retrieval in `folder`'s modules."""
+def imports_of(folder: Path, package: str, forbidden: str, allowed: set[str] = frozenset()) -> list[str]:
+    """'module.py:line imports name' for each import of `forbidden` (a package, or a module of
+    it) in `folder`'s modules (package `package`), but those of the modules `allowed`."""
     found = []
     for path in sorted(folder.rglob("*.py")):
-        if path.relative_to(folder).as_posix() in ALLOWED:
+        if path.relative_to(folder).as_posix() in allowed:
             continue
         for line, name in imported_modules(path.read_text(encoding="utf-8"), package):
-            if name == "searchrl.retrieval" or name.startswith("searchrl.retrieval."):
+            if name == forbidden or name.startswith(forbidden + "."):
                 found.append(f"{path.relative_to(folder.parent).as_posix()}:{line} imports {name}")
     return sorted(set(found))
 
 
 def test_the_trainer_imports_no_retrieval_module_but_its_config():
-    offenders = retrieval_imports(RL, "searchrl.rl")
+    offenders = imports_of(PACKAGE / "rl", "searchrl.rl", "searchrl.retrieval", RL_MAY_IMPORT_RETRIEVAL)
     assert not offenders, (
         "the trainer sees retrieval only through the rollout layer (searchrl.rollout, e.g. "
         "rollout.run_search); move this use there:\n  " + "\n  ".join(offenders)
+    )
+
+
+def test_the_rollout_layer_imports_nothing_of_the_trainer():
+    offenders = imports_of(PACKAGE / "rollout", "searchrl.rollout", "searchrl.rl")
+    assert not offenders, (
+        "the rollout layer must not depend on the trainer (searchrl.rl): its workers run a "
+        "rollout.worker_config.WorkerConfig, which the trainer builds (TrainConfig.worker_config); "
+        "take what this module needs as an argument or from the rollout layer:\n  " + "\n  ".join(offenders)
     )
 
 
@@ -59,9 +71,18 @@ def test_the_check_finds_every_form_of_import(tmp_path):
     (tmp_path / "rl" / "relative.py").write_text("from ..retrieval import base\n")
     (tmp_path / "rl" / "config.py").write_text("from searchrl.retrieval import RetrievalConfig\n")
     (tmp_path / "rl" / "fine.py").write_text("from searchrl.rollout.run_search import RunSearch\nimport searchrl.retrievals\n")
-    assert retrieval_imports(tmp_path / "rl", "searchrl.rl") == [
+    assert imports_of(tmp_path / "rl", "searchrl.rl", "searchrl.retrieval", RL_MAY_IMPORT_RETRIEVAL) == [
         "rl/late.py:2 imports searchrl.retrieval.querycache.RetrievalCounts",
         "rl/name.py:1 imports searchrl.retrieval",
         "rl/plain.py:2 imports searchrl.retrieval.base",
         "rl/relative.py:1 imports searchrl.retrieval.base",
+    ]
+    (tmp_path / "rollout").mkdir()
+    (tmp_path / "rollout" / "typed.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from searchrl.rl.config import TrainConfig\n")
+    (tmp_path / "rollout" / "late.py").write_text("def f():\n    from ..rl.policy import autocast\n")
+    (tmp_path / "rollout" / "fine.py").write_text("from searchrl.rollout.worker_config import WorkerConfig\nimport searchrl.rlx\n")
+    assert imports_of(tmp_path / "rollout", "searchrl.rollout", "searchrl.rl") == [
+        "rollout/late.py:2 imports searchrl.rl.policy.autocast",
+        "rollout/typed.py:3 imports searchrl.rl.config.TrainConfig",
     ]

@@ -11,11 +11,12 @@ import copy
 import multiprocessing as mp
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
-from test_async import _assert_same_run, _run
-from test_async_workers import STALE, _served
+from test_async import _assert_same_run, _published, _run
+from test_async_workers import STALE, _served, _temporary_files_at_publish
 from test_partial import _worker, models  # noqa: F401 - models: a fixture
 from test_rollout import QUESTIONS, assert_matches_recompute
 
@@ -26,6 +27,7 @@ from searchrl.rollout import weight_broadcast, worker_links
 from searchrl.rollout.async_worker import AsyncRollouts, check_broadcast
 from searchrl.rollout.config import RolloutConfig
 from searchrl.rollout.weight_broadcast import Receiver, Sender
+from searchrl.rollout.worker_config import WorkerConfig
 from searchrl.rollout.worker_process import load_version, newest_version
 from searchrl.runlog import read_metrics
 
@@ -109,19 +111,31 @@ def test_continue_takes_the_version_broadcast_between_rounds(models):  # noqa: F
 
 
 def test_async_runs_by_broadcast_equal_runs_by_file(world, tmp_path, varied_rewards, monkeypatch):
+    published = {}  # by run: whether a folder of published weights existed at each publish
+    publish = AsyncRollouts.sync_weights
+
+    def sync_weights(self, model, v):
+        publish(self, model, v)
+        published.setdefault(Path(self.cfg.run).name, []).append(_published(Path(self.cfg.run)))
+
+    monkeypatch.setattr(AsyncRollouts, "sync_weights", sync_weights)
     by_file = _run(world, tmp_path / "file", *STALE, "rollout.workers=2")
     broadcast = _run(world, tmp_path / "broadcast", *STALE, "rollout.workers=2", "rollout.weight_transport=broadcast")
     records = read_metrics(broadcast)
     assert any(r[mn.PG_LOSS] != 0 for r in records)  # the runs did learn
     assert [r[mn.STALENESS_MAX] for r in records] == [0, 1, 1, 0]
     _assert_same_run(by_file, broadcast)
-    assert not list((tmp_path / "broadcast").glob("rollout-weights/*"))  # no file was written
+    assert published == {"file": [True] * 4, "broadcast": [False] * 4}  # no folder for weights, not even an empty one
 
     # a remote worker (rank 2, its host derived from the trainer's connection) beside a local one
     monkeypatch.setenv(worker_links.KEY_ENV, "test-key")
-    with _served(tmp_path / "server.log") as address:
+    server_tmp = tmp_path / "server-tmp"
+    server_tmp.mkdir()
+    held = _temporary_files_at_publish(monkeypatch, server_tmp)
+    with _served(tmp_path / "server.log", server_tmp) as address:
         mixed = _run(world, tmp_path / "mixed", *STALE, "rollout.workers=1", f"rollout.worker_addresses=[{address}]",
                      "rollout.weight_transport=broadcast")
+        assert held == [[]] * 4  # the server made no folder for weights either
         # a trainer the remote worker cannot reach: the worker says so as it starts, and the run stops
         with pytest.raises(SearchRLError, match=r"(?s)at 127.0.0.1:\d+ failed.*cannot reach the trainer's weight broadcast at "
                                                 r"192\.0\.2\.1:\d+ within 2 s.*rollout.broadcast_host"):
@@ -146,15 +160,16 @@ def test_a_worker_lost_before_a_broadcast_stops_the_run_naming_it(world, tmp_pat
 
 
 def test_what_cannot_form_a_broadcast_group_is_refused_naming_the_fix():
-    def cfg(**rollout) -> TrainConfig:
-        return TrainConfig(device="cuda:0", rollout={"mode": "async", "weight_transport": "broadcast", **rollout})
+    def cfg(**rollout) -> WorkerConfig:
+        return TrainConfig(device="cuda:0", out="runs/x", rollout={"mode": "async", "weight_transport": "broadcast",
+                                                                  **rollout}).worker_config()
 
     # NCCL: one GPU per process (the workers default to the trainer's device)
     for bad in (cfg(), cfg(workers=2, worker_devices=["cuda:1", "cuda:1"]), cfg(workers=1, worker_devices=["cpu"])):
         with pytest.raises(SearchRLError, match=r"NCCL, which needs a GPU of its own for each process.*rollout.worker_devices"):
             check_broadcast(bad)
     check_broadcast(cfg(workers=2, worker_devices=["cuda:1", "cuda:2"]))
-    check_broadcast(TrainConfig(rollout={"mode": "async", "weight_transport": "broadcast"}))  # gloo on CPU
+    check_broadcast(cfg().model_copy(update={"device": "cpu"}))  # gloo on CPU
     with pytest.raises(SearchRLError, match="broadcasts its weights with NCCL.*this rollout worker's device is cpu"):
         Receiver(weight_broadcast.GroupAddress("127.0.0.1", 1, 1, 2, "nccl"), "127.0.0.1", "cpu", RolloutConfig())
 

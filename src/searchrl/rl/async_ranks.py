@@ -79,7 +79,7 @@ class AsyncRanks:
         self.dist, self.protocol, self.version = actor.dist, protocol, actor.version
         self._source: AsyncRollouts | None = None
         if self.dist.main:  # publishes the start weights: the other ranks gather them with it
-            self._source = AsyncRollouts(actor.cfg, actor.model, actor.version, protocol)
+            self._source = AsyncRollouts(actor.cfg.worker_config(), actor.model, actor.version, protocol)
         else:
             _gather_weights(actor.model)
         self.tools: list[str] = self.dist.broadcast(self._source.tools if self._source else None)

@@ -19,6 +19,7 @@ from searchrl.retrieval import RetrievalConfig
 from searchrl.rewards import RewardConfig
 from searchrl.rl.health_config import HealthConfig
 from searchrl.rollout.config import RolloutConfig
+from searchrl.rollout.worker_config import WorkerConfig
 
 
 class LoraConfig(StrictModel):
@@ -271,3 +272,9 @@ class TrainConfig(AgentConfig):
 
     def stage(self, number: int) -> StageConfig:
         return {1: self.stage1, 2: self.stage2}[number]
+
+    def worker_config(self) -> WorkerConfig:
+        """What this run's async rollout workers run: its agent sections, device, dtype and run
+        directory (`out`, set by then); the trainer's own settings stay here."""
+        return WorkerConfig(model=self.model, profile=self.profile, protocol=self.protocol, tools=self.tools,
+                            rollout=self.rollout, retrieval=self.retrieval, device=self.device, dtype=self.dtype, run=self.out)

@@ -9,38 +9,22 @@ those flags on, never the dropout modules inside them.
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
-
-import torch
 
 from searchrl.compat import checkpointing_layers, enable_checkpointing
 from searchrl.errors import SearchRLError
 from searchrl.rl.config import TrainConfig
+from searchrl.rollout import precision
 
 
 def compute_dtype(cfg: TrainConfig):
     """The dtype forward passes run in (`cfg.dtype`, with auto resolved for the device)."""
-    from searchrl.assets import _resolve_dtype
-
-    return _resolve_dtype(None if cfg.dtype == "auto" else cfg.dtype, cfg.device)
+    return precision.compute_dtype(cfg.dtype, cfg.device)
 
 
 def autocast(cfg: TrainConfig):
     """Mixed precision around forward passes when the compute dtype is below float32."""
-    dtype = compute_dtype(cfg)
-    if dtype == torch.float32:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=torch.device(cfg.device).type, dtype=dtype)
-
-
-def rollout_autocast(cfg: TrainConfig):
-    """The precision of the hf backend's decoding: the training's (`autocast`), except on CPU,
-    where it decodes in float32 whatever the training dtype: bf16 autocast there slowed decoding
-    ~2x (small batches, every matmul cast; docs/results.md, "Tool calls")."""
-    if cfg.rollout.backend == "hf" and torch.device(cfg.device).type == "cpu":
-        return contextlib.nullcontext()
-    return autocast(cfg)
+    return precision.autocast(cfg.dtype, cfg.device)
 
 
 def _require_peft():

@@ -23,8 +23,8 @@ and takes versioned trajectories; it offers the same calls as the synchronous `R
   backend (`rollout.backend`: hf, or a vLLM engine of its own) loads the version an order names
   before it starts it, as (name, tensor) pairs read from the file (`load_weights`); a remote one
   gets the file's bytes over its connection first (`rollout.worker_links`). With
-  `rollout.weight_transport: broadcast` no file is written: the trainer broadcasts each version
-  to every worker in a process group of their own (`rollout.weight_broadcast`). With
+  `rollout.weight_transport: broadcast` no file (nor folder) is written: the trainer broadcasts
+  each version to every worker in a process group of their own (`rollout.weight_broadcast`). With
   `rollout.partial: finish` a batch is generated whole by one version (in-flight rollouts finish
   with the weights they started with): every trajectory carries one `policy_version`, and a given
   seed and version give the same batch however the processes are timed, so an async run is
@@ -33,6 +33,9 @@ and takes versioned trajectories; it offers the same calls as the synchronous `R
   an older one than it holds; tokens record their versions.
 - **Placement.** `rollout.worker_cpus` is split evenly across the local workers, each pinned to
   its share (`pin_cpus`); `rollout.worker_devices` gives each its device.
+- **Config.** The workers run a `WorkerConfig` (`rollout.worker_config`: the run's agent, device,
+  dtype and run directory), which the trainer builds from its own; nothing here reads the
+  trainer's settings.
 - **Health.** A worker that exits, fails, hangs up, or sends nothing for `rollout.worker_timeout_s`
   stops the run with a `SearchRLError` naming it; `--resume` goes on from the last checkpoint and
   generates the in-flight batches again. A local worker whose trainer ends without closing it
@@ -57,9 +60,9 @@ from searchrl.data.types import Question
 from searchrl.errors import SearchRLError
 from searchrl.protocol import Protocol
 from searchrl.retrieval.querycache import RetrievalCounts
-from searchrl.rl.config import TrainConfig
 from searchrl.rollout.weight_broadcast import Sender, group_backend
 from searchrl.rollout.weights import publish, retire, version_of, weights_bytes, weights_folder
+from searchrl.rollout.worker_config import WorkerConfig
 from searchrl.rollout.worker_links import LocalLink, Lost, RemoteLink
 from searchrl.rollout.worker_process import Batch, Failed, machine_cores, worker_main
 from searchrl.toolformat.protocol import NativeProtocol
@@ -93,7 +96,7 @@ def shards(order: Order, n_workers: int) -> list[Order]:
     return out
 
 
-def worker_configs(cfg: TrainConfig) -> list[TrainConfig]:
+def worker_configs(cfg: WorkerConfig) -> list[WorkerConfig]:
     """Each local worker's config: its share of `rollout.worker_cpus`, its `rollout.worker_devices` entry."""
     r = cfg.rollout
     per = len(r.worker_cpus) // r.workers if r.worker_cpus else 0
@@ -103,7 +106,7 @@ def worker_configs(cfg: TrainConfig) -> list[TrainConfig]:
     }) for i in range(r.workers)]
 
 
-def check_broadcast(cfg: TrainConfig) -> None:
+def check_broadcast(cfg: WorkerConfig) -> None:
     """Refuse a broadcast group NCCL cannot form: with the trainer on CUDA every local worker
     needs a GPU of its own (NCCL runs one process per device)."""
     if cfg.rollout.weight_transport != "broadcast" or group_backend(cfg.device) != "nccl":
@@ -123,23 +126,25 @@ def check_broadcast(cfg: TrainConfig) -> None:
 
 
 class AsyncRollouts:
-    """The trainer's side of the rollout workers (module docstring)."""
+    """The trainer's side of the rollout workers (module docstring); `cfg` is what they run, on the
+    trainer's device."""
 
-    def __init__(self, cfg: TrainConfig, model, version: int, protocol: Protocol | NativeProtocol) -> None:
+    def __init__(self, cfg: WorkerConfig, model, version: int, protocol: Protocol | NativeProtocol) -> None:
         self.cfg, self.protocol, self.version = cfg, protocol, version
         cpus = cfg.rollout.worker_cpus
         if cpus and max(cpus) >= (os.cpu_count() or 1):  # refused here, before a process starts for nothing
             raise SearchRLError(f"rollout.worker_cpus={cpus}: {machine_cores()}")
         check_broadcast(cfg)
-        # At most max_staleness + 2 versions at once, and the spare (rollout/weights.py).
-        self._folder = weights_folder(Path(cfg.out), weights_bytes(model) * (cfg.rollout.max_staleness + 3))
-        shutil.rmtree(self._folder, ignore_errors=True)  # a killed run's: a resume needs none of them
-        self._folder.mkdir(parents=True)
+        self._folder: Path | None = None  # the published files' (`weight_transport: file`)
         self._sender: Sender | None = None
         if cfg.rollout.weight_transport == "broadcast":
             n = cfg.rollout.workers + len(cfg.rollout.worker_addresses)
             self._sender = Sender(n, cfg.device, cfg.rollout.worker_timeout_s)
         else:
+            # At most max_staleness + 2 versions at once, and the spare (rollout/weights.py).
+            self._folder = weights_folder(Path(cfg.run), weights_bytes(model) * (cfg.rollout.max_staleness + 3))
+            shutil.rmtree(self._folder, ignore_errors=True)  # a killed run's: a resume needs none of them
+            self._folder.mkdir(parents=True)
             publish(model, self._folder, version)
         self._inbox: queue.Queue = queue.Queue()  # (worker index, message), from every link
         self._links: list[LocalLink | RemoteLink] = []
@@ -250,7 +255,8 @@ class AsyncRollouts:
             link.close()
         if self._sender is not None:
             self._sender.close()
-        shutil.rmtree(self._folder, ignore_errors=True)
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
 
     # -- internals ----------------------------------------------------------------------------------
     def _broadcast(self, model, version: int) -> None:
@@ -272,7 +278,7 @@ class AsyncRollouts:
                     self._inbox.put((i, msg))
                     self._receive(f"to broadcast policy version {version}")  # raises, naming the worker
             raise SearchRLError(f"the broadcast of policy version {version} to the rollout workers failed ({why}); "
-                                f"the run stops here. `searchrl train --resume {self.cfg.out}` goes on from its last "
+                                f"the run stops here. `searchrl train --resume {self.cfg.run}` goes on from its last "
                                 "checkpoint") from None
 
     def _needed(self) -> int:
@@ -283,6 +289,8 @@ class AsyncRollouts:
 
     def _forget(self) -> None:
         """Retire the published versions older than any order not yet collected needs."""
+        if self._folder is None:  # broadcast: the workers drop what they took (`Receiver.take`)
+            return
         needed = min(self._needed(), self.version)
         for path in self._folder.glob("weights-*.safetensors"):
             if version_of(path) < needed:
@@ -311,7 +319,7 @@ class AsyncRollouts:
     def _receive(self, waiting: str) -> tuple[int, object]:
         """A worker's next message, with its index; a worker that exits, fails, hangs up or stalls stops the run."""
         deadline = time.monotonic() + self.cfg.rollout.worker_timeout_s
-        resume = f"`searchrl train --resume {self.cfg.out}` goes on from its last checkpoint (in-flight rollouts are generated again)"
+        resume = f"`searchrl train --resume {self.cfg.run}` goes on from its last checkpoint (in-flight rollouts are generated again)"
         while True:
             try:
                 i, msg = self._inbox.get(timeout=1.0)

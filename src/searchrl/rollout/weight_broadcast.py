@@ -108,27 +108,25 @@ class Sender:
         """Broadcast `model`'s weights as `version`, bucket by bucket."""
         self._store.set(f"version-{self._sent}", str(version))
         self._sent += 1
-        bucket: list[tuple[str, torch.Tensor]] = []
-        size = 0
+        bucket: list[tuple[str, torch.Tensor, int]] = []  # (name, tensor, its offset in the bucket)
+        size = 0  # the bucket's bytes, each tensor's aligned
         for name, w in named_weights(model):
             nbytes = _aligned(w.numel() * w.element_size())
             if bucket and size + nbytes > BUCKET_BYTES:
-                self._bucket(version, bucket)
+                self._bucket(version, bucket, size)
                 bucket, size = [], 0
-            bucket.append((name, w.detach()))
+            bucket.append((name, w.detach(), size))
             size += nbytes
         if bucket:
-            self._bucket(version, bucket)
+            self._bucket(version, bucket, size)
         _broadcast(self._pg, torch.zeros(1, dtype=torch.int64, device=self.device))  # the version's end
 
-    def _bucket(self, version: int, tensors: list[tuple[str, torch.Tensor]]) -> None:
-        entries, at = [], 0
-        for name, w in tensors:
-            entries.append([name, DTYPE_NAMES[w.dtype], list(w.shape), at])
-            at += _aligned(w.numel() * w.element_size())
-        header = json.dumps({"version": version, "bytes": at, "tensors": entries}).encode()
-        data = torch.empty(at, dtype=torch.uint8, device=self.device)
-        for (_, w), (_, _, _, offset) in zip(tensors, entries):
+    def _bucket(self, version: int, tensors: list[tuple[str, torch.Tensor, int]], size: int) -> None:
+        """One bucket: its header's length, the header, then its `size` bytes, each tensor at its offset."""
+        entries = [[name, DTYPE_NAMES[w.dtype], list(w.shape), offset] for name, w, offset in tensors]
+        header = json.dumps({"version": version, "bytes": size, "tensors": entries}).encode()
+        data = torch.empty(size, dtype=torch.uint8, device=self.device)
+        for _, w, offset in tensors:
             raw = w.to(self.device).contiguous().reshape(-1).view(torch.uint8)
             data[offset:offset + raw.numel()].copy_(raw)
         _broadcast(self._pg, torch.tensor([len(header)], dtype=torch.int64, device=self.device))

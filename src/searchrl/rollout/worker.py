@@ -33,7 +33,7 @@ class RolloutWorker:
         self.engine = agent.engine
         self.version = version  # the policy version of the weights the backend holds
         self.cfg = agent.engine.cfg
-        self.precision = precision  # context manager factory around decoding (`policy.rollout_autocast`)
+        self.precision = precision  # context manager factory around decoding (`precision.rollout_autocast`)
         self._spent = agent.retriever.usage()
         self._searched = agent.retriever.counts()
 
@@ -43,7 +43,7 @@ class RolloutWorker:
         current weights of `actor` (the trainer's policy: its `cfg`, `model`, `tokenizer`,
         `version` and whether `dist.sharded`), and `retriever` (opened by the preflight checks,
         `RunSearch.open`)."""
-        from searchrl.rl.policy import rollout_autocast
+        from searchrl.rollout.precision import compute_dtype, rollout_autocast
 
         cfg = actor.cfg
         if cfg.rollout.backend == "hf" and not actor.dist.sharded:
@@ -52,17 +52,16 @@ class RolloutWorker:
             backend = HFBackend(actor.model, actor.tokenizer)
         elif cfg.rollout.backend == "hf":  # a sharded model would need every rank in each forward
             from searchrl.assets import load_model
-            from searchrl.rl.policy import compute_dtype
             from searchrl.rollout.hf_backend import HFBackend
 
-            backend = HFBackend(*load_model(cfg.model, device=cfg.device, dtype=compute_dtype(cfg)))
+            backend = HFBackend(*load_model(cfg.model, device=cfg.device, dtype=compute_dtype(cfg.dtype, cfg.device)))
             backend.sync_weights(actor.model)
         else:
             backend = load_backend(cfg)
             backend.sync_weights(actor.model)  # a resumed or LoRA actor differs from cfg.model
         # Counted always: a retriever opened by `RetrievalConfig` already is, any other gets a counter.
         retriever = retriever if isinstance(retriever, CachedRetriever) else CachedRetriever(retriever)
-        precision = functools.partial(rollout_autocast, cfg)
+        precision = functools.partial(rollout_autocast, cfg.rollout.backend, cfg.dtype, cfg.device)
         return cls(build_agent(cfg, backend, retriever, protocol=protocol), precision, actor.version)
 
     @property

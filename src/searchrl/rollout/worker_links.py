@@ -28,6 +28,7 @@ from pathlib import Path
 from searchrl.errors import SearchRLError
 from searchrl.rollout.weight_broadcast import GroupAddress
 from searchrl.rollout.weights import published_path
+from searchrl.rollout.worker_config import WorkerConfig
 from searchrl.rollout.worker_process import Failed, worker_main
 
 KEY_ENV = "SEARCHRL_WORKER_KEY"
@@ -42,10 +43,10 @@ class Lost:
 
 @dataclass(frozen=True)
 class Hello:
-    """The trainer's first message to a remote worker: the run's config, which the worker runs,
-    and with `weight_transport: broadcast` the group it joins to receive the weights."""
+    """The trainer's first message to a remote worker: the config the worker runs, and with
+    `weight_transport: broadcast` the group it joins to receive the weights."""
 
-    cfg: object  # TrainConfig
+    cfg: WorkerConfig
     group: GroupAddress | None = None
 
 
@@ -106,9 +107,10 @@ class IdleClock:
 
 class LocalLink:
     """A worker process on this machine, started with `target(cfg, folder, orders, results, group)`;
-    it reads the published weights from `folder` itself, or receives them in `group`."""
+    it reads the published weights from `folder` itself, or receives them in `group` (`folder` None)."""
 
-    def __init__(self, index: int, target, cfg, folder: Path, inbox: queue.Queue, group: GroupAddress | None = None) -> None:
+    def __init__(self, index: int, target, cfg: WorkerConfig, folder: Path | None, inbox: queue.Queue,
+                 group: GroupAddress | None = None) -> None:
         ctx = mp.get_context("spawn")  # a fork would copy the trainer's threads and model
         # Admission bounds what a worker holds to max_staleness + 1 orders: these queues need no cap.
         self._orders, self._results = ctx.Queue(), ctx.Queue()
@@ -120,7 +122,7 @@ class LocalLink:
         self._closing = threading.Event()
         threading.Thread(target=self._forward, args=(index, inbox), daemon=True).start()
 
-    def send(self, order, folder: Path, drop_below: int) -> None:
+    def send(self, order, folder: Path | None, drop_below: int) -> None:
         self._orders.put(order)
 
     def _forward(self, index: int, inbox: queue.Queue) -> None:
@@ -148,11 +150,12 @@ class LocalLink:
 
 
 class RemoteLink:
-    """A worker served at `address` (`serve`): it gets the run's config, then orders, each preceded
+    """A worker served at `address` (`serve`): it gets the config it runs, then orders, each preceded
     by its version's weights when the worker does not hold them yet (unless they come by `group`'s
     broadcast)."""
 
-    def __init__(self, index: int, address: str, cfg, inbox: queue.Queue, group: GroupAddress | None = None) -> None:
+    def __init__(self, index: int, address: str, cfg: WorkerConfig, inbox: queue.Queue,
+                 group: GroupAddress | None = None) -> None:
         host, port = parse_address(address)
         key = authkey(host, f"rollout.worker_addresses {address}")
         self.name = f"at {address}"
@@ -164,7 +167,7 @@ class RemoteLink:
         self._conn.send(Hello(cfg, group))
         threading.Thread(target=self._forward, args=(index, inbox), daemon=True).start()
 
-    def send(self, order, folder: Path, drop_below: int) -> None:
+    def send(self, order, folder: Path | None, drop_below: int) -> None:
         if self._files and order is not None and order.version != self._sent_version:
             self._conn.send(Weights(order.version, published_path(folder, order.version).read_bytes(), drop_below))
             self._sent_version = order.version
@@ -225,8 +228,9 @@ class _Replies:
 
 def serve(listen: str, overrides: list[str]) -> None:
     """Serve trainers at `listen` (host:port; port 0 picks a free one), one at a time, until
-    interrupted: each gets a rollout worker running its config, with `overrides` (key=value: what
-    is local to this machine, such as `device` or `rollout.worker_cpus`) applied."""
+    interrupted: each gets a rollout worker running the config it sends, with `overrides`
+    (key=value of `WorkerConfig`: what is local to this machine, such as `device` or
+    `rollout.worker_cpus`) applied."""
     host, port = parse_address(listen)
     key = authkey(host, f"--listen {listen}")
     with Listener((host, port), authkey=key) as listener:
@@ -241,20 +245,23 @@ def serve(listen: str, overrides: list[str]) -> None:
                 _serve_trainer(conn, overrides, listener.last_accepted[0])
 
 
-def served_config(trainer_cfg, overrides: list[str]):
-    """The config a served worker runs: the trainer's, as one worker with no placement of the
-    trainer's machine, then this machine's `overrides` (key=value)."""
+def served_config(sent, overrides: list[str]) -> WorkerConfig:
+    """The config a served worker runs: the one the trainer `sent`, as one worker with no
+    placement of the trainer's machine, then this machine's `overrides` (key=value), validated."""
     from pydantic import ValidationError
 
     from searchrl.config import deep_merge, parse_overrides
-    from searchrl.rl.config import TrainConfig
 
+    if not isinstance(sent, WorkerConfig):  # a trainer of another searchrl version (older ones sent their TrainConfig)
+        raise SearchRLError(f"the trainer sent a {type(sent).__name__} where this rollout worker expects a WorkerConfig: "
+                            "the two run different versions of searchrl; install the same one on both machines")
     placement = {"workers": 1, "worker_cpus": None, "worker_devices": None, "worker_addresses": []}
-    data = deep_merge(trainer_cfg.model_dump(mode="json"), {"rollout": placement})
+    data = deep_merge(sent.model_dump(mode="json"), {"rollout": placement})
     try:
-        return TrainConfig.model_validate(deep_merge(data, parse_overrides(overrides)))
+        return WorkerConfig.model_validate(deep_merge(data, parse_overrides(overrides)))
     except ValidationError as e:
-        raise SearchRLError(f"the worker's overrides {overrides} do not apply to the trainer's config: {e}") from None
+        raise SearchRLError(f"the worker's overrides {overrides} do not apply to the config the trainer sent (a WorkerConfig, "
+                            f"of the keys {', '.join(WorkerConfig.model_fields)}): {e}") from None
 
 
 def _serve_trainer(conn: Connection, overrides: list[str], trainer_host: str) -> None:
@@ -271,10 +278,11 @@ def _serve_trainer(conn: Connection, overrides: list[str], trainer_host: str) ->
     except SearchRLError as e:
         _Replies(conn).put(Failed(str(e)))
         return
-    folder = Path(tempfile.mkdtemp(prefix="searchrl-worker-weights-"))
+    # The weights come as files over the connection, or by broadcast (then no folder at all).
+    folder = Path(tempfile.mkdtemp(prefix="searchrl-worker-weights-")) if hello.group is None else None
     orders: queue.Queue = queue.Queue()
     threading.Thread(target=_receive_orders, args=(conn, folder, orders), daemon=True).start()
-    print(f"rollout worker: serving a trainer (run {cfg.out})", flush=True)
+    print(f"rollout worker: serving a trainer (run {cfg.run})", flush=True)
     try:
         group = hello.group
         if group is not None and group.host is None:  # the trainer as this server saw it connect
@@ -283,13 +291,14 @@ def _serve_trainer(conn: Connection, overrides: list[str], trainer_host: str) ->
     except Exception:  # noqa: BLE001 - sent to the trainer already (Failed); the server waits for the next one
         traceback.print_exc()
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
     print("rollout worker: the trainer is done; waiting for the next", flush=True)
 
 
-def _receive_orders(conn: Connection, folder: Path, orders: queue.Queue) -> None:
-    """The trainer's messages: weights become published files in `folder`, orders go to the loop;
-    a trainer gone ends the loop as its None would."""
+def _receive_orders(conn: Connection, folder: Path | None, orders: queue.Queue) -> None:
+    """The trainer's messages: weights become published files in `folder` (the trainer sends
+    none when it broadcasts them), orders go to the loop; a trainer gone ends the loop as its None would."""
     try:
         while True:
             msg = conn.recv()
