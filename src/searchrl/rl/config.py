@@ -19,7 +19,7 @@ from searchrl.retrieval import RetrievalConfig
 from searchrl.rewards import RewardConfig
 from searchrl.rl.health_config import HealthConfig
 from searchrl.rollout.config import RolloutConfig
-from searchrl.rollout.worker_config import WorkerConfig
+from searchrl.rollout.worker_config import Dtype, WorkerConfig
 
 
 class LoraConfig(StrictModel):
@@ -202,7 +202,7 @@ class TrainConfig(AgentConfig):
 
     model: str = Field("smollm2-135m", description="Policy to start from: smollm2-135m, tiny-random, a local folder (e.g. a Stage-1 checkpoint) or a hub id.")
     device: str = Field("cpu", description="Torch device: cpu, cuda, cuda:1, ...")
-    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+    dtype: Dtype = Field(
         "auto",
         description="Compute dtype: auto = float32 on CPU, bfloat16 on a GPU that has it (paper: bf16). With bfloat16 "
         "the trained weights stay float32 (an lr of 2e-6 is below bf16's resolution, so bf16 weights would not move) "

@@ -15,7 +15,7 @@ from searchrl.agent import AgentConfig
 from searchrl.retrieval import RetrievalConfig
 from searchrl.rollout.config import RolloutConfig
 
-# A run's `dtype` setting (TrainConfig.dtype too): how `rollout.precision` computes.
+# A run's `dtype` setting (TrainConfig.dtype, WorkerConfig.dtype): how `rollout.precision` computes.
 Dtype = Literal["auto", "float32", "bfloat16"]
 
 
