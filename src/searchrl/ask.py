@@ -151,9 +151,7 @@ class AskConfig(AgentConfig):
     @field_validator("retrieval")
     @classmethod
     def _searches(cls, v: RetrievalConfig) -> RetrievalConfig:
-        if v.source is None:
-            raise ValueError("ask searches: give an index (e.g. --index toyworld), a retriever URL (e.g. --retriever-url http://127.0.0.1:8000) or --web PROVIDER")
-        return v
+        return v.required("ask searches: give an index (e.g. --index toyworld), a retriever URL (e.g. --retriever-url http://127.0.0.1:8000) or --web PROVIDER")
 
 
 def ask(

@@ -134,6 +134,13 @@ class RetrievalConfig(StrictModel):
             return f"web:{self.web.provider}"
         return self.url if self.url is not None else self.index
 
+    def required(self, how: str) -> RetrievalConfig:
+        """This config when it names a source; else the ValueError a config validator raises:
+        `how` says who searches and which settings give it one."""
+        if self.source is None:
+            raise ValueError(how)
+        return self
+
     def open(self, run: str | None = None, new_run: bool = False, web_record: str | None = None) -> CachedRetriever:
         """The configured retriever, behind the in-process cache, counting queries, cache hits
         and seconds. Web search counts against the budget of `run` (the run's directory; None:

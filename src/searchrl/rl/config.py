@@ -266,9 +266,7 @@ class TrainConfig(AgentConfig):
     @field_validator("retrieval")
     @classmethod
     def _searches(cls, v: RetrievalConfig) -> RetrievalConfig:
-        if v.source is None:
-            raise ValueError("training searches: set retrieval.index (a catalog index such as toyworld, or an index directory), retrieval.url or retrieval.web")
-        return v
+        return v.required("training searches: set retrieval.index (a catalog index such as toyworld, or an index directory), retrieval.url or retrieval.web")
 
     def stage(self, number: int) -> StageConfig:
         return {1: self.stage1, 2: self.stage2}[number]

@@ -47,6 +47,4 @@ class WorkerConfig(AgentConfig):
     @field_validator("retrieval")
     @classmethod
     def _searches(cls, v: RetrievalConfig) -> RetrievalConfig:
-        if v.source is None:
-            raise ValueError("a rollout worker searches: set retrieval.index, retrieval.url or retrieval.web")
-        return v
+        return v.required("a rollout worker searches: set retrieval.index, retrieval.url or retrieval.web")
