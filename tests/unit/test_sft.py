@@ -5,6 +5,7 @@ an SFT config on tiny-random (2 steps, checkpoint, resume equals an uninterrupte
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from itertools import pairwise
 from pathlib import Path
 
@@ -223,6 +224,30 @@ def test_gold_path_with_evidence_quotes_the_sentence_that_names_the_next_step(go
     assert evidence_sentence([Passage("p", "P", "Velmarsh is wet.")], ["Velmar"]) is None
     with pytest.raises(ValueError, match="stage2.evidence quotes sentences"):
         TrainConfig.model_validate({"stage2": {"evidence": True}})
+
+
+def test_gold_path_quotes_the_questions_own_evidence_sentences_where_it_lists_them(gold_world):
+    """A question that lists its evidence sentences (the toy world's) gets those quoted, each after
+    the documents of the passage that holds it: a comparison's founding years after both of its
+    searches, where the name-matching fallback quotes nothing."""
+    retriever = open_retriever(str(gold_world / "index"))
+    by_id = {q.id: q for q in _questions(gold_world)}
+    c0 = replace(by_id["c0"], evidence=("It was founded in 1600.", "It was founded in 1650."))
+    # The second hop's sentence first: each block quotes its own passage's sentences only.
+    b1 = replace(by_id["b1"], evidence=("The Orrin rises in the Ulmo hills.", "Marrowind is a market town on the river Orrin."))
+    tags = Protocol.named("search-r1", "oneshot").tags
+    comparison, bridge = gold_paths([c0, b1], retriever, 1, 2, evidence=True)
+    assert comparison.texts(tags, think_opened=True)[1:] == [
+        "It was founded in 1600. Next I search for Marrowind.\n\n<search>Marrowind</search>",
+        "It was founded in 1650. So the answer is Quellbridge.</think>\n\n<answer>Quellbridge</answer>",
+    ]
+    assert bridge.texts(tags, think_opened=True)[1:] == [
+        "Marrowind is a market town on the river Orrin. Next I search for Orrin hills.\n\n<search>Orrin hills</search>",
+        "The Orrin rises in the Ulmo hills. So the answer is Ulmo.</think>\n\n<answer>Ulmo</answer>",
+    ]
+    # Without evidence: off whatever the question lists.
+    plain = gold_paths([c0], retriever, 1, 2)[0]
+    assert plain.texts(tags, True)[2] == "So the answer is Quellbridge.</think>\n\n<answer>Quellbridge</answer>"
 
 
 def test_drop_shortcuts_leaves_out_questions_whose_first_passage_names_the_answer(gold_world, tmp_path):
@@ -488,6 +513,27 @@ def test_sft_update_minimises_the_nll_of_policy_tokens_across_micro_batches(gold
     (s1, g1), (s2, g2) = results[1], results[2]
     assert s2.pg_loss == pytest.approx(s1.pg_loss, rel=1e-5)
     assert all(torch.allclose(g1[n], g2[n], rtol=1e-4, atol=1e-7) for n in g1)
+
+
+def test_sft_micro_batches_take_rows_by_length(gold_world, monkeypatch):
+    """Rows of an SFT mini-batch share micro-batches shortest first, so a short trajectory is not
+    padded to a long one's length; the shuffled order would mix them."""
+    cfg = load_config(TrainConfig, CONFIGS / "sft-demo-cpu.yaml", _overrides(gold_world, gold_world / "unused"))
+    cfg = cfg.model_copy(update={"algorithm": cfg.algorithm.model_copy(update={"micro_batch_size": 2})})
+    retriever = open_retriever(str(gold_world / "index"))
+    examples = RunSearch(retriever).gold_examples(_questions(gold_world), cfg.rollout, "stage1")
+    actor = Actor.load(cfg)
+    actor.start_stage(None)
+    engine = RolloutEngine(ScriptedBackend(actor.tokenizer, lambda text: ""), retriever, Protocol.from_config(cfg.protocol), cfg.rollout)
+    trajs = gold_trajectories(engine, examples)
+    batch = make_batch(trajs, [0.0] * len(trajs), list(range(len(trajs))), actor.pad_id, actor.device)
+    passes: list[list[int]] = []
+    monkeypatch.setattr(Actor, "_sft_backward", lambda self, batch, idx, units, acc: passes.append(idx.tolist()))
+    actor.update(batch, 0, 1, torch.Generator().manual_seed(0), objective="sft")
+    lengths = batch.response_lengths().tolist()
+    assert sorted(i for p in passes for i in p) == list(range(len(trajs)))
+    assert [lengths[i] for p in passes for i in p] == sorted(lengths)
+    assert len(set(lengths)) > 2  # lengths that a shuffled order could mix
 
 
 def test_sft_demo_config_has_the_rl_demo_budget_and_one_sample_per_question():

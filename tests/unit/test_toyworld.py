@@ -68,6 +68,10 @@ def check_world(world: ToyWorld) -> None:
         for chain in chains:
             for a, b in itertools.pairwise(chain):
                 assert contains(support[a].text, support[b].title), (q, support[a].title, support[b].title)
+        # One evidence sentence a hop, each a sentence of that hop's passage (facts in hop order).
+        assert len(q.evidence) == len(support), q
+        for sentence, passage in zip(q.evidence, support):
+            assert sentence in re.split(r"(?<=[.!?])\s+", passage.text), (q, sentence)
         if q.answers[0] in ("yes", "no"):
             continue
         assert any(contains(p.text, ans) for p in support for ans in q.answers), q
@@ -75,6 +79,7 @@ def check_world(world: ToyWorld) -> None:
             assert q.answers[0] in {support[i].title for i in firsts}, q
         else:
             assert not any(contains(q.question, ans) for ans in q.answers), q
+            assert any(contains(q.evidence[-1], ans) for ans in q.answers), q  # the last one states it
 
 
 def test_small_world_keeps_every_promise(small_world: ToyWorld) -> None:

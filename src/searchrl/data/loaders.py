@@ -4,7 +4,7 @@ Formats (auto-detected from the first record's fields):
 
 | fmt          | fields                                                                 |
 |--------------|------------------------------------------------------------------------|
-| `searchrl`   | our own `Question.to_dict` lines: id, question, answers, supporting_ids |
+| `searchrl`   | our own `Question.to_dict` lines: id, question, answers, supporting_ids, evidence |
 | `r1searcher` | R1-Searcher: idx, question, answer (a string or a list)                 |
 | `flashrag`   | FlashRAG: id, question, golden_answers                                  |
 | `hotpotqa`   | HotpotQA / 2WikiMultihopQA JSON: _id, question, answer, supporting_facts, context |
@@ -156,11 +156,15 @@ def _parse_searchrl(row: dict, where: str, index: int, source: str) -> Record:
     ids = row.get("supporting_ids") or []
     if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
         raise DataError(f"{where}: field 'supporting_ids' must be a list of passage id strings")
+    evidence = row.get("evidence") or []
+    if not isinstance(evidence, list) or not all(isinstance(s, str) for s in evidence):
+        raise DataError(f"{where}: field 'evidence' must be a list of sentence strings")
     q = Question.from_dict({
         **row,
         "type": row.get("type") or "",
         "source": row.get("source") or "",
         "supporting_ids": ids,
+        "evidence": evidence,
         "id": _id(row, ("id",), where, ""),
         "question": _question(row, "question", where, "searchrl"),
         "answers": _answers(row["answers"], where, "searchrl", "answers"),

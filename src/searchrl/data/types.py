@@ -32,11 +32,15 @@ class Question:
     supporting_ids: tuple[str, ...] = field(default=())
     type: str = ""
     source: str = ""
+    # The sentences of the supporting passages that state the facts the answer rests on, in hop
+    # order (HotpotQA's `supporting_facts` as text); gold SFT trajectories quote them.
+    evidence: tuple[str, ...] = field(default=())
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["answers"] = list(self.answers)
         d["supporting_ids"] = list(self.supporting_ids)
+        d["evidence"] = list(self.evidence)
         return d
 
     @classmethod
@@ -48,4 +52,5 @@ class Question:
             supporting_ids=tuple(d.get("supporting_ids", ())),
             type=d.get("type", ""),
             source=d.get("source", ""),
+            evidence=tuple(d.get("evidence", ())),
         )

@@ -229,7 +229,10 @@ class Actor:
                     continue  # no policy token, or nothing to learn from
                 self.optimizer.zero_grad(set_to_none=True)
                 set_update_mode(self.model, alg.gradient_checkpointing)
-                # A group shares its prompt pass; SFT rows are each their own question.
+                # A group shares its prompt pass; SFT rows are each their own question, taken by
+                # length so a micro-batch pads little (the mini-batch's gradient is one sum).
+                if sft:
+                    rows = rows[torch.argsort(batch.response_lengths()[rows].cpu(), stable=True).to(rows.device)]
                 split = torch.split(rows, alg.micro_batch_size) if sft else group_chunks(rows, batch.group_ids, alg.micro_batch_size)
                 chunks = [idx for idx in split if bool(batch.mask[idx].any())]
                 passes = self.dist.max_count(len(chunks))  # agreed before any rank's first forward

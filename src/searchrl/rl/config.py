@@ -124,10 +124,11 @@ class StageConfig(StrictModel):
         "(samples_per_prompt: 1), with the same optimizer, schedule and batches; the reward is not used.",
     )
     evidence: bool = Field(
-        False, description="kind: sft only: after each documents block the gold trajectory first quotes the sentence of "
-        "those documents that names the next search's entity or the answer (searchrl.rollout.gold), so the policy sees "
-        "where the entity it copies stands. A deviation from the paper's SFT baseline, for small models that pick the "
-        "wrong entity of a passage (docs/guides/sft.md).",
+        False, description="kind: sft only: after each documents block the gold trajectory first quotes the evidence of "
+        "the passage just found: the question's evidence sentences (the toy world lists them: the sentence stating each "
+        "hop's fact), else the sentence that names the next search's entity or the answer (searchrl.rollout.gold), so "
+        "the policy sees where the entity it copies stands and which values a comparison compares. A deviation from "
+        "the paper's SFT baseline, for small models that pick the wrong entity of a passage (docs/guides/sft.md).",
     )
     drop_shortcuts: bool = Field(
         False, description="Leave out questions that one search can answer: those whose first supporting passage names "

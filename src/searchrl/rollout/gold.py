@@ -22,16 +22,20 @@ The policy's text is a fixed template around the queries:
     <answer>A</answer>
 
 With `evidence` (an sft stage's `evidence: true`) each step after a documents block first quotes
-the sentence of those documents that names what comes next, the next hop's title or the answer
-(`evidence_sentence`; none when no sentence names it):
+the evidence of the passage just found: the question's own evidence sentences where it lists them
+(`Question.evidence`, the toy world's and HotpotQA's supporting facts), else the sentence of those
+documents that names what comes next, the next hop's title or the answer (`evidence_sentence`;
+none when no sentence names it):
 
     [documents]  X was directed by Q2. Next I search for Q2. ...
     [documents]  Q2 was born in A. So the answer is A.</think> ...
+    comparison:  [documents]  B has a population of 904,100. So the answer is B.</think> ...
 
-so the policy is shown where in the passage the entity it copies stands: for a bridge question,
-the sentence whose relation the question asks about (docs/results.md, "Training for the second
-hop": without it, the warm-started agent's second search missed the second passage on 37 of 59
-bridge questions, mostly by naming another entity of the first passage).
+so the policy is shown where in the passage the entity it copies stands, and which values a
+comparison compares: for a bridge question, the sentence whose relation the question asks about
+(docs/results.md, "Training for the second hop": without it, the warm-started agent's second
+search missed the second passage on 37 of 59 bridge questions, mostly by naming another entity of
+the first passage).
 
 With tool calls (`protocol.format: tool-calls`) the path is a chat conversation
 (`GoldPath.messages`, the shape Hugging Face datasets use for tool calling): the protocol's own
@@ -125,9 +129,13 @@ class GoldPath:
 
     def lead(self, hop: int) -> str:
         """What the policy writes first after the documents of search `hop - 1` (hop = number of
-        searches: before the answer): the evidence sentence and a space, or nothing."""
+        searches: before the answer): the evidence sentences and a space, or nothing."""
         if not self.evidence or hop == 0:
             return ""
+        q = self.question
+        if q.evidence:  # those of the supporting passage this search found, in the question's order
+            text = next(p.text for p in self.searches[hop - 1][1] if p.id == q.supporting_ids[hop - 1])
+            return "".join(f"{s} " for s in dict.fromkeys(q.evidence) if s in text)
         if hop < len(self.searches):
             want = self.question.supporting_ids[hop]
             targets = [p.title for p in self.searches[hop][1] if p.id == want]

@@ -27,7 +27,8 @@ from searchrl.errors import DataError
 __all__ = ["QUESTION_TYPES", "VERSION", "ToyWorld", "ToyWorldConfig", "generate", "write"]
 
 # Bump when the same config would give different files, so caches keyed on it can rebuild.
-VERSION = 1
+# 2: questions list their evidence sentences.
+VERSION = 2
 
 DEFAULT_MIX = {"bridge-2hop": 0.32, "bridge-3hop": 0.22, "comparison": 0.24, "bridge-comparison": 0.10,
                "inference": 0.12}
@@ -84,11 +85,12 @@ def generate(cfg: ToyWorldConfig | None = None) -> ToyWorld:
     rng = random.Random(f"toyworld:{cfg.seed}:render")
     chunks = render(world.entities(), world.cities, rng, cfg.passage_words)
     random.Random(f"toyworld:{cfg.seed}:order").shuffle(chunks)  # ids say nothing about kind
-    passages, where = [], {}
+    passages, where, said = [], {}, {}
     for i, (entity, chunk) in enumerate(chunks):
         pid = f"tw-{i:06d}"
         passages.append(Passage(pid, entity.name, " ".join(chunk.sentences)))
         where.update((f, pid) for f in chunk.facts)
+        said.update(chunk.facts)
 
     r = random.Random(f"toyworld:{cfg.seed}:questions")
     total = cfg.train + cfg.test
@@ -103,8 +105,8 @@ def generate(cfg: ToyWorldConfig | None = None) -> ToyWorld:
                 f"toy world: {need} {t} questions asked for but the world only supports {len(pool[t])}; "
                 f"raise --passages (now {cfg.passages}) or lower --train/--test")
         chosen = r.sample(pool[t], need)
-        test += [to_question(d, where) for d in chosen[: test_n[t]]]
-        train += [to_question(d, where) for d in chosen[test_n[t]:]]
+        test += [to_question(d, where, said) for d in chosen[: test_n[t]]]
+        train += [to_question(d, where, said) for d in chosen[test_n[t]:]]
     r.shuffle(train)
     r.shuffle(test)
     train = [replace(q, id=f"tw-train-{i:05d}") for i, q in enumerate(train)]
@@ -112,9 +114,12 @@ def generate(cfg: ToyWorldConfig | None = None) -> ToyWorld:
     return ToyWorld(cfg, passages, train, test)
 
 
-def to_question(d: Draft, where: dict[str, str]) -> Question:
+def to_question(d: Draft, where: dict[str, str], said: dict[str, str]) -> Question:
+    """`where`: fact -> passage id; `said`: fact -> the sentence stating it."""
     support = tuple(dict.fromkeys(where[f] for f in d.facts))  # hop order, each passage once
-    return Question("", d.question, d.answers, support, d.type, "toyworld")
+    # One sentence may state two facts of a hop; two passages may hold the same sentence.
+    evidence = tuple(text for _, text in dict.fromkeys((where[f], said[f]) for f in d.facts))
+    return Question("", d.question, d.answers, support, d.type, "toyworld", evidence)
 
 
 def write(world: ToyWorld, out_dir: Path) -> dict[str, Path]:

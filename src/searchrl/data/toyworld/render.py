@@ -1,7 +1,7 @@
 """Encyclopedia passages: each entity's facts as varied sentences, packed into ~100-word chunks.
 
 Every sentence records the facts it states (`"<entity key>:<relation>"`), and packing records
-which passage each fact landed in. Questions take their supporting passages from that map,
+which passage each fact landed in, and in which sentence. Questions take their supporting passages from that map,
 so a question can only rely on a fact that some passage states word for word.
 """
 
@@ -47,7 +47,7 @@ class Sentence:
 @dataclass
 class Chunk:
     sentences: list[str] = field(default_factory=list)
-    facts: set[str] = field(default_factory=set)
+    facts: dict[str, str] = field(default_factory=dict)  # fact -> the sentence that states it
     words: int = 0
 
     def add(self, text: str, at: int | None = None) -> None:
@@ -256,7 +256,7 @@ def pack(e: Entity, sentences: list[Sentence], background: list[str], r: random.
             chunks.append(Chunk())
             text = sent.template.format(**subject_forms(e, True, r))
         chunks[-1].add(text)
-        chunks[-1].facts.update(sent.facts)
+        chunks[-1].facts.update(dict.fromkeys(sent.facts, text))
     last = chunks[-1]
     for template in background:
         if last.words >= words:
