@@ -226,25 +226,23 @@ def test_gold_path_with_evidence_quotes_the_sentence_that_names_the_next_step(go
         TrainConfig.model_validate({"stage2": {"evidence": True}})
 
 
-def test_gold_path_quotes_the_questions_own_evidence_sentences_where_it_lists_them(gold_world):
-    """A question that lists its evidence sentences (the toy world's) gets those quoted, each after
-    the documents of the passage that holds it: a comparison's founding years after both of its
-    searches, where the name-matching fallback quotes nothing."""
+def test_gold_path_states_the_questions_own_evidence_where_it_lists_one_a_hop(gold_world):
+    """A question that lists an evidence sentence per hop (the toy world's) gets each stated after
+    the documents of its hop: a comparison's founding years after both of its searches, where the
+    name-matching fallback quotes nothing; a list of another length falls back."""
     retriever = open_retriever(str(gold_world / "index"))
     by_id = {q.id: q for q in _questions(gold_world)}
-    c0 = replace(by_id["c0"], evidence=("It was founded in 1600.", "It was founded in 1650."))
-    # The second hop's sentence first: each block quotes its own passage's sentences only.
-    b1 = replace(by_id["b1"], evidence=("The Orrin rises in the Ulmo hills.", "Marrowind is a market town on the river Orrin."))
+    c0 = replace(by_id["c0"], evidence=("The founding year of Quellbridge is 1600.", "The founding year of Marrowind is 1650."))
+    b1 = replace(by_id["b1"], evidence=("The river of Marrowind is Orrin.",))  # one for two hops
     tags = Protocol.named("search-r1", "oneshot").tags
     comparison, bridge = gold_paths([c0, b1], retriever, 1, 2, evidence=True)
     assert comparison.texts(tags, think_opened=True)[1:] == [
-        "It was founded in 1600. Next I search for Marrowind.\n\n<search>Marrowind</search>",
-        "It was founded in 1650. So the answer is Quellbridge.</think>\n\n<answer>Quellbridge</answer>",
+        "The founding year of Quellbridge is 1600. Next I search for Marrowind.\n\n<search>Marrowind</search>",
+        "The founding year of Marrowind is 1650. So the answer is Quellbridge.</think>\n\n<answer>Quellbridge</answer>",
     ]
-    assert bridge.texts(tags, think_opened=True)[1:] == [
-        "Marrowind is a market town on the river Orrin. Next I search for Orrin hills.\n\n<search>Orrin hills</search>",
-        "The Orrin rises in the Ulmo hills. So the answer is Ulmo.</think>\n\n<answer>Ulmo</answer>",
-    ]
+    assert bridge.texts(tags, think_opened=True)[1] == (
+        "Marrowind is a market town on the river Orrin. Next I search for Orrin hills.\n\n<search>Orrin hills</search>"
+    )
     # Without evidence: off whatever the question lists.
     plain = gold_paths([c0], retriever, 1, 2)[0]
     assert plain.texts(tags, True)[2] == "So the answer is Quellbridge.</think>\n\n<answer>Quellbridge</answer>"

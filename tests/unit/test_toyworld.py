@@ -68,10 +68,12 @@ def check_world(world: ToyWorld) -> None:
         for chain in chains:
             for a, b in itertools.pairwise(chain):
                 assert contains(support[a].text, support[b].title), (q, support[a].title, support[b].title)
-        # One evidence sentence a hop, each a sentence of that hop's passage (facts in hop order).
+        # One evidence statement a hop ("The R of S is O."): about that hop's entity, and the
+        # object it names is in that hop's passage.
         assert len(q.evidence) == len(support), q
         for sentence, passage in zip(q.evidence, support):
-            assert sentence in re.split(r"(?<=[.!?])\s+", passage.text), (q, sentence)
+            m = re.fullmatch(r"The [a-z ]+ of (.+) is (.+)\.", sentence.split(". The ")[0].rstrip(".") + ".")
+            assert m and m[1] == passage.title and contains(passage.text, m[2]), (q, sentence)
         if q.answers[0] in ("yes", "no"):
             continue
         assert any(contains(p.text, ans) for p in support for ans in q.answers), q

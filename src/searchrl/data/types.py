@@ -32,8 +32,9 @@ class Question:
     supporting_ids: tuple[str, ...] = field(default=())
     type: str = ""
     source: str = ""
-    # The sentences of the supporting passages that state the facts the answer rests on, in hop
-    # order (HotpotQA's `supporting_facts` as text); gold SFT trajectories quote them.
+    # The facts the answer rests on, one sentence per supporting passage in hop order ("The
+    # director of X is Y.": 2WikiMultihopQA's evidence triples in words); gold SFT trajectories
+    # state them.
     evidence: tuple[str, ...] = field(default=())
 
     def to_dict(self) -> dict:

@@ -21,21 +21,21 @@ The policy's text is a fixed template around the queries:
 
     <answer>A</answer>
 
-With `evidence` (an sft stage's `evidence: true`) each step after a documents block first quotes
-the evidence of the passage just found: the question's own evidence sentences where it lists them
-(`Question.evidence`, the toy world's and HotpotQA's supporting facts), else the sentence of those
-documents that names what comes next, the next hop's title or the answer (`evidence_sentence`;
-none when no sentence names it):
+With `evidence` (an sft stage's `evidence: true`) each step after a documents block first states
+the fact the passage just found gives: the question's own evidence sentence for that hop where it
+lists them (`Question.evidence`; the toy world's read "The director of X is Q2."), else the
+sentence of those documents that names what comes next, the next hop's title or the answer
+(`evidence_sentence`; none when no sentence names it):
 
-    [documents]  X was directed by Q2. Next I search for Q2. ...
-    [documents]  Q2 was born in A. So the answer is A.</think> ...
-    comparison:  [documents]  B has a population of 904,100. So the answer is B.</think> ...
+    [documents]  The director of X is Q2. Next I search for Q2. ...
+    [documents]  The birthplace of Q2 is A. So the answer is A.</think> ...
+    comparison:  [documents]  The population of B is 91,500. So the answer is C.</think> ...
 
-so the policy is shown where in the passage the entity it copies stands, and which values a
-comparison compares: for a bridge question, the sentence whose relation the question asks about
-(docs/results.md, "Training for the second hop": without it, the warm-started agent's second
-search missed the second passage on 37 of 59 bridge questions, mostly by naming another entity of
-the first passage).
+so the policy names the relation the question asks about before the entity it copies (a cloze a
+small pretrained model reads well), and the values a comparison compares. Without it the
+warm-started agent's second search missed the second passage on 37 of 59 bridge questions, mostly
+by naming another entity of the first passage; quoting the passage's own sentence instead made it
+quote the passage's first sentence (docs/results.md, "Training for the second hop").
 
 With tool calls (`protocol.format: tool-calls`) the path is a chat conversation
 (`GoldPath.messages`, the shape Hugging Face datasets use for tool calling): the protocol's own
@@ -133,9 +133,8 @@ class GoldPath:
         if not self.evidence or hop == 0:
             return ""
         q = self.question
-        if q.evidence:  # those of the supporting passage this search found, in the question's order
-            text = next(p.text for p in self.searches[hop - 1][1] if p.id == q.supporting_ids[hop - 1])
-            return "".join(f"{s} " for s in dict.fromkeys(q.evidence) if s in text)
+        if len(q.evidence) == len(q.supporting_ids):  # one a hop
+            return f"{q.evidence[hop - 1]} "
         if hop < len(self.searches):
             want = self.question.supporting_ids[hop]
             targets = [p.title for p in self.searches[hop][1] if p.id == want]

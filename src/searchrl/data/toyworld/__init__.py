@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from pydantic import Field, field_validator
 
 from searchrl.config import StrictModel
 from searchrl.data.toyworld.questions import QUESTION_TYPES, Draft, drafts, quotas
-from searchrl.data.toyworld.render import render
+from searchrl.data.toyworld.render import render, statement
 from searchrl.data.toyworld.world import Builder
 from searchrl.data.types import Passage, Question
 from searchrl.errors import DataError
@@ -27,7 +28,7 @@ from searchrl.errors import DataError
 __all__ = ["QUESTION_TYPES", "VERSION", "ToyWorld", "ToyWorldConfig", "generate", "write"]
 
 # Bump when the same config would give different files, so caches keyed on it can rebuild.
-# 2: questions list their evidence sentences.
+# 2: questions state their evidence, one sentence a hop.
 VERSION = 2
 
 DEFAULT_MIX = {"bridge-2hop": 0.32, "bridge-3hop": 0.22, "comparison": 0.24, "bridge-comparison": 0.10,
@@ -85,12 +86,16 @@ def generate(cfg: ToyWorldConfig | None = None) -> ToyWorld:
     rng = random.Random(f"toyworld:{cfg.seed}:render")
     chunks = render(world.entities(), world.cities, rng, cfg.passage_words)
     random.Random(f"toyworld:{cfg.seed}:order").shuffle(chunks)  # ids say nothing about kind
-    passages, where, said = [], {}, {}
+    passages, where = [], {}
     for i, (entity, chunk) in enumerate(chunks):
         pid = f"tw-{i:06d}"
         passages.append(Passage(pid, entity.name, " ".join(chunk.sentences)))
         where.update((f, pid) for f in chunk.facts)
-        said.update(chunk.facts)
+    by_key = {e.key: e for e in world.entities()}
+
+    def state(f: str) -> str:
+        key, relation = f.split(":")
+        return statement(by_key[key], relation)
 
     r = random.Random(f"toyworld:{cfg.seed}:questions")
     total = cfg.train + cfg.test
@@ -105,8 +110,8 @@ def generate(cfg: ToyWorldConfig | None = None) -> ToyWorld:
                 f"toy world: {need} {t} questions asked for but the world only supports {len(pool[t])}; "
                 f"raise --passages (now {cfg.passages}) or lower --train/--test")
         chosen = r.sample(pool[t], need)
-        test += [to_question(d, where, said) for d in chosen[: test_n[t]]]
-        train += [to_question(d, where, said) for d in chosen[test_n[t]:]]
+        test += [to_question(d, where, state) for d in chosen[: test_n[t]]]
+        train += [to_question(d, where, state) for d in chosen[test_n[t]:]]
     r.shuffle(train)
     r.shuffle(test)
     train = [replace(q, id=f"tw-train-{i:05d}") for i, q in enumerate(train)]
@@ -114,11 +119,11 @@ def generate(cfg: ToyWorldConfig | None = None) -> ToyWorld:
     return ToyWorld(cfg, passages, train, test)
 
 
-def to_question(d: Draft, where: dict[str, str], said: dict[str, str]) -> Question:
-    """`where`: fact -> passage id; `said`: fact -> the sentence stating it."""
+def to_question(d: Draft, where: dict[str, str], state: Callable[[str], str]) -> Question:
+    """`where`: fact -> passage id; `state`: fact -> the sentence stating it (`render.statement`)."""
     support = tuple(dict.fromkeys(where[f] for f in d.facts))  # hop order, each passage once
-    # One sentence may state two facts of a hop; two passages may hold the same sentence.
-    evidence = tuple(text for _, text in dict.fromkeys((where[f], said[f]) for f in d.facts))
+    # A hop's evidence: the statements of its passage's facts (a film's lead sentence can hold two).
+    evidence = tuple(" ".join(state(f) for f in d.facts if where[f] == pid) for pid in support)
     return Question("", d.question, d.answers, support, d.type, "toyworld", evidence)
 
 

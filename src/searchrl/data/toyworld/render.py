@@ -1,7 +1,7 @@
 """Encyclopedia passages: each entity's facts as varied sentences, packed into ~100-word chunks.
 
 Every sentence records the facts it states (`"<entity key>:<relation>"`), and packing records
-which passage each fact landed in, and in which sentence. Questions take their supporting passages from that map,
+which passage each fact landed in. Questions take their supporting passages from that map,
 so a question can only rely on a fact that some passage states word for word.
 """
 
@@ -38,6 +38,33 @@ def fact(entity: Entity, relation: str) -> str:
     return f"{entity.key}:{relation}"
 
 
+# A relation's name in a statement; (kind, relation) first where kinds differ.
+RELATION_NAMES = {
+    "director": "director", "star": "lead actor", "studio": "studio", "based_on": "source novel",
+    "author": "author", "publisher": "publisher", "band": "band", "label": "record label",
+    "lead": "lead vocalist", "founder": "founder", "hq": "headquarters", "born": "birth year",
+    "birthplace": "birthplace", "deathplace": "place of death", "citizenship": "citizenship",
+    "spouse": "spouse", "father": "father", "mother": "mother", "alma_mater": "university",
+    "country": "country", "capital": "capital", "population": "population", "founded": "founding year",
+    "formed": "formation year", "year": "year",
+    ("film", "year"): "release year", ("album", "year"): "release year", ("book", "year"): "publication year",
+    ("band", "city"): "home city", ("university", "city"): "city",
+}
+
+
+def statement(e: Entity, relation: str) -> str:
+    """One fact of `e` as a plain sentence, the form gold search trajectories state each hop in
+    (2WikiMultihopQA's evidence triples, in words).
+
+    >>> statement(City("city-00001", "Harbel", population=90500), "population")
+    'The population of Harbel is 90,500.'
+    """
+    value = e.members[0][0] if relation == "lead" else getattr(e, relation)
+    text = value.name if isinstance(value, Entity) else f"{value:,}" if relation == "population" else str(value)
+    name = RELATION_NAMES.get((e.kind, relation)) or RELATION_NAMES[relation]
+    return f"The {name} of {e.name} is {text}."
+
+
 @dataclass(frozen=True)
 class Sentence:
     template: str  # may use {S} {s} (subject), {P} {p} (possessive), {o} (object), {pp} (his/her/its)
@@ -47,7 +74,7 @@ class Sentence:
 @dataclass
 class Chunk:
     sentences: list[str] = field(default_factory=list)
-    facts: dict[str, str] = field(default_factory=dict)  # fact -> the sentence that states it
+    facts: set[str] = field(default_factory=set)
     words: int = 0
 
     def add(self, text: str, at: int | None = None) -> None:
@@ -256,7 +283,7 @@ def pack(e: Entity, sentences: list[Sentence], background: list[str], r: random.
             chunks.append(Chunk())
             text = sent.template.format(**subject_forms(e, True, r))
         chunks[-1].add(text)
-        chunks[-1].facts.update(dict.fromkeys(sent.facts, text))
+        chunks[-1].facts.update(sent.facts)
     last = chunks[-1]
     for template in background:
         if last.words >= words:
