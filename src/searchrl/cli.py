@@ -502,7 +502,7 @@ def ask(
 @app.command(context_settings={"allow_extra_args": False})
 def train(
     overrides: list[str] = typer.Argument(None, help="key=value overrides of TrainConfig fields, e.g. stage1.steps=8 algorithm.lr=5e-5."),
-    config: str | None = typer.Option(None, "--config", help="YAML file of TrainConfig fields (configs/demo-cpu.yaml, configs/r1searcher-*.yaml)."),
+    config: str | None = typer.Option(None, "--config", help="YAML file of TrainConfig fields, or a packaged recipe by name (demo-cpu, multihop-cpu)."),
     stage: int | None = typer.Option(None, "--stage", min=1, max=2, help="Run only this stage (2 alone: set model= to a Stage-1 checkpoint). Default: both."),
     resume: str | None = typer.Option(None, "--resume", help="Run directory to continue from its newest complete checkpoint (uses its config.yaml)."),
     out: str | None = typer.Option(None, "--out", help="Run directory (default: the config's `out`, else runs/train-TIMESTAMP)."),

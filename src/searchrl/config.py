@@ -122,9 +122,26 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     return deep_merge(_read_yaml(path.parent / str(base), (*seen, path.resolve())), data)
 
 
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+
+
+def resolve_config_path(name: str | Path) -> Path:
+    """A packaged config's name (`demo-cpu`, `multihop-cpu`: CONFIG_DIR/NAME.yaml) or a YAML path;
+    anything that looks like a path stays one, so a wrong path is reported as such."""
+    path = Path(name)
+    if path.exists() or path.suffix or len(path.parts) > 1:
+        return path
+    packaged = CONFIG_DIR / f"{path}.yaml"
+    if packaged.is_file():
+        return packaged
+    known = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
+    raise SearchRLError(f"config {str(name)!r} is neither a file nor a packaged config ({known})")
+
+
 def load_config(cls: type[C], path: str | Path | None = None, overrides: list[str] = ()) -> C:
-    """Build `cls` from an optional YAML file and `key=value` overrides, with clear errors."""
-    data = _read_yaml(Path(path)) if path is not None else {}
+    """Build `cls` from an optional YAML file (or packaged config name) and `key=value` overrides,
+    with clear errors."""
+    data = _read_yaml(resolve_config_path(path)) if path is not None else {}
     data = deep_merge(data, parse_overrides(list(overrides)))
     try:
         return cls.model_validate(data)

@@ -11,7 +11,7 @@ import searchrl.ask
 import searchrl.eval.run
 from searchrl.ask import AskConfig
 from searchrl.cli import app
-from searchrl.config import load_config
+from searchrl.config import load_config, resolve_config_path
 from searchrl.errors import SearchRLError
 from searchrl.eval.run import EvalConfig
 from searchrl.protocol import ProtocolConfig
@@ -130,3 +130,15 @@ def test_web_and_judge_flags_equal_their_nested_set(tmp_path, captured):
     assert (asked.retrieval.source, asked.retrieval.index) == ("web:searxng", None)  # the toy world index is not added
     with pytest.raises(SearchRLError, match=r"goes inside retrieval.web, which another override set to 'brave'"):
         load_config(TrainConfig, None, ["retrieval.web=brave", "retrieval.web.site=x"])  # once an AttributeError
+
+
+def test_a_packaged_config_loads_by_name_and_a_wrong_name_or_path_is_a_clear_error(tmp_path):
+    assert resolve_config_path("demo-cpu").name == "demo-cpu.yaml"
+    # by name, `extends` included: multihop-cpu states only what differs from demo-cpu
+    cfg = load_config(TrainConfig, "multihop-cpu")
+    assert cfg.stage1.kind == "sft" and cfg.rollout.max_searches == 4 and cfg.rollout.k == 1
+    with pytest.raises(SearchRLError, match="neither a file nor a packaged config.*demo-cpu.*multihop-cpu"):
+        load_config(TrainConfig, "no-such-recipe")
+    # a path stays a path: its error names the file, not the packaged list
+    with pytest.raises(SearchRLError, match=r"config file .*nope\.yaml does not exist"):
+        load_config(TrainConfig, tmp_path / "nope.yaml")

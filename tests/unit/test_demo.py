@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from searchrl.config import load_config
-from searchrl.demo import DemoConfig, resolve_config_path, run_demo, stage_summary, verdict_markdown
+from searchrl.demo import DemoConfig, run_demo, stage_summary, verdict_markdown
 from searchrl.errors import SearchRLError
 from searchrl.rl.config import TrainConfig
 from searchrl.runlog import read_metrics
@@ -60,15 +60,9 @@ def test_verdict_says_which_side_the_paired_interval_is_on(tmp_path):
     assert verdict_markdown([rag]) == []
 
 
-def test_packaged_config_resolves_and_unknown_is_a_clear_error(tmp_path):
-    assert resolve_config_path("demo-cpu").name == "demo-cpu.yaml"
-    with pytest.raises(SearchRLError, match="neither a file nor a packaged config.*demo-cpu"):
-        resolve_config_path("no-such-recipe")
-
-
 def test_demo_without_training_serves_evaluates_and_reports(tmp_path):
     out = run_demo(DemoConfig(out=str(tmp_path / "demo"), eval_limit=2, eval_max_new_tokens=16, train=False), ["model=tiny-random"])
-    train = load_config(TrainConfig, resolve_config_path("demo-cpu"), ["model=tiny-random"])
+    train = load_config(TrainConfig, "demo-cpu", ["model=tiny-random"])
     for method in ("agent", "rag"):
         metrics = json.loads((out / f"eval-untrained-{method}" / "metrics.json").read_text())
         assert metrics["n"] == 2 and metrics["method"] == method

@@ -391,7 +391,7 @@ def test_cli_with_the_tiny_model(world, tmp_path):
 
 
 def test_shipped_select_config_validates():
-    from searchrl.demo import CONFIG_DIR
+    from searchrl.config import CONFIG_DIR
 
     cfg = load_config(SelectConfig, CONFIG_DIR / "data" / "select-toyworld-cpu.yaml")
     assert (cfg.max_rollouts, cfg.medium_from, cfg.difficult_from, cfg.protocol.tags) == (
