@@ -85,7 +85,9 @@ def _evaluate(
     metrics = run_eval(ecfg, progress=True, backend=backend, resume=resume)
     console.print(
         f"  cover-EM {metrics['cover_em']:.1%}  F1 {metrics['f1']:.1%}  searched {metrics['search_rate']:.0%}"
-        f"  format ok {metrics['format_ok_rate']:.0%}  ({metrics['seconds']:.0f} s)"
+        f"  format ok {metrics['format_ok_rate']:.0%}"
+        + (f"  echo {metrics[mn.QUERY_ECHO_RATE]:.0%}" if metrics.get(mn.QUERY_ECHO_RATE) is not None else "")
+        + f"  ({metrics['seconds']:.0f} s)"
     )
     return Path(ecfg.out)
 
@@ -160,6 +162,7 @@ def verdict_markdown(eval_dirs: Sequence[Path]) -> list[str]:
         f"(95 % bootstrap intervals). Difference: {100 * d.mean:+.1f} points, paired 95 % interval "
         f"[{100 * d.low:+.1f}, {100 * d.high:+.1f}]. {said}",
     ]
+    lines += echo_lines(named)
     hops = [t for t in MULTIHOP_TYPES if t in result.types]
     if hops:
         cells = ", ".join(f"{t} (n={result.types[t]}) {agent[t].mean:.0%} vs {rag[t].mean:.0%}" for t in hops)
@@ -170,6 +173,18 @@ def verdict_markdown(eval_dirs: Sequence[Path]) -> list[str]:
         "",
     ]
     return lines
+
+
+def echo_lines(named: dict[str, Path]) -> list[str]:
+    """The agents' echo share (`query_echo_rate`: the answer is the agent's only query, searched
+    and answered whatever came back) beside their EM, from the evaluations' metrics.json."""
+    cells = []
+    for label in ("untrained", "trained"):
+        path = named.get(f"eval-{label}-agent", Path("-")) / "metrics.json"
+        m = json.loads(path.read_text()) if path.is_file() else {}
+        if m.get(mn.QUERY_ECHO_RATE) is not None:
+            cells.append(f"{label} agent {round(m[mn.QUERY_ECHO_RATE] * m['n'])} of {m['n']} (EM {100 * m['em']:.1f} %)")
+    return [f"Echo, the answer is the agent's only query: {', '.join(cells)}."] if cells else []
 
 
 def report_markdown(eval_dirs: Sequence[Path], summary: dict, plots: Sequence[Path], out: Path, seconds: float) -> str:

@@ -22,6 +22,8 @@ KINDS = {
     "reward": "The outcome reward of the step's rollouts (mean over rollouts).",
     "learning": "The policy update: losses, KL, entropy, ratio statistics, optimizer.",
     "rollout": "What the policy did in its rollouts (means over the step's rollouts).",
+    "behaviour": ("How the agent fails where an outcome reward cannot tell it from reading "
+                  "([evaluation guide](../guides/evaluation.md#failure-modes)); evaluation's metrics.json has the same keys."),
     "format": "The format check of the rewards: who passes it and which rule fails.",
     "retrieval": "Searches the step made.",
     "multihop": ("Multi-hop behaviour per question type ([evaluation guide](../guides/evaluation.md#multi-hop-behaviour)): `<type>` is each "
@@ -124,6 +126,17 @@ ANSWER_RATE = _metric("answer_rate", "rollout", "Share of rollouts that gave an 
 ECHO_RATE = _metric("echo_rate", "rollout",
                     "Share of comparison-like answers that name both candidates or the gold plus another (null: none comparison-like).")
 FLAT_GROUPS = _metric("flat_groups", "rollout", "Share of question groups whose rewards are all equal: no learning signal.")
+# --- behaviour (eval.behaviour)
+QUERY_ECHO_RATE = _metric("query_echo_rate", "behaviour",
+                          "Share of rollouts whose answer is, after normalisation, their only query: a guess searched and "
+                          "answered whatever the search returned.")
+UNGROUNDED_RATE = _metric("ungrounded_rate", "behaviour",
+                          "Share of answers that stand in no document the rollout was shown (null: no answer other than yes/no).")
+OVERHOP_RATE = _metric("overhop_rate", "behaviour",
+                       "Share of rollouts that searched again after a gold answer stood in the documents they had read "
+                       "(null: every gold answer is yes/no).")
+AVOID_RATE = _metric("avoid_rate", "behaviour", "Share of rollouts with no answer or an empty one.")
+EMPTY_SEARCH_RATE = _metric("empty_search_rate", "behaviour", "Share of searches that returned no passage (null: no search).")
 THINK_REPEAT_RATE = _metric("think_repeat_rate", "rollout",
                             "Share of the word 4-grams of a rollout's think text that repeat an earlier one of the same text, mean "
                             "over rollouts (null: no rollout wrote 4 words of reasoning). Healthy reasoning repeats its entities' "

@@ -257,3 +257,10 @@ def test_trainer_warns_then_stops_with_a_checkpoint(world, tmp_path, varied_rewa
         trainer.train(cfg)
     assert latest_checkpoint(stopped).name == "step_0001" and len(read_metrics(stopped)) == 1
     assert CliRunner().invoke(app, ["health", str(stopped)]).exit_code == 1  # the run's own thresholds
+
+
+def test_query_echo_fires_on_a_rise_from_the_stages_lowest():
+    # The demo's agent went from 2 of 20 echoed answers untrained to 17 of 20 trained.
+    records = _series("query_echo_rate", [0.1, 0.1, 0.2, 0.3, 0.5, 0.8])
+    assert _fired(records) == [("query_echo", 5)]  # (0.3 + 0.5) / 2 - 0.1 >= 0.3
+    assert _fired(_series("query_echo_rate", [0.6, 0.7, 0.8, 0.8])) == []  # high from the start: no rise

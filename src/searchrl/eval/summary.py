@@ -7,6 +7,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from searchrl import metric_names as mn
+from searchrl.eval import behaviour
 from searchrl.eval.multihop import HEADER, multihop_metrics, right_aligned, row_of_record, type_rows
 from searchrl.eval.spending import cache_hit_rate, spending_rows
 from searchrl.tables import markdown_table
@@ -73,6 +75,8 @@ def summarize(cfg: EvalConfig, recs: Sequence[dict], spent: dict) -> dict:
         "tags": cfg.protocol.tags,
         "template": cfg.protocol.template,
         **multihop_metrics([row_of_record(r) for r in recs]),
+        # an agent's failure modes; rag's documents are in its prompt, not its records
+        **(behaviour.behaviour_metrics([behaviour.of_record(r) for r in recs]) if cfg.method == "agent" else {}),
     }
 
 
@@ -86,6 +90,13 @@ def web_provenance(cfg: EvalConfig) -> str:
 
 
 METRICS_HEADER = ("metric", "value")
+BEHAVIOUR_LABELS = {
+    mn.QUERY_ECHO_RATE: "answer is its only query (echo) %",
+    mn.UNGROUNDED_RATE: "answer in no document read %",
+    mn.OVERHOP_RATE: "searched on after the answer was read %",
+    mn.AVOID_RATE: "no answer %",
+    mn.EMPTY_SEARCH_RATE: "searches that found nothing %",
+}
 
 
 def protocol_label(metrics: dict) -> str:
@@ -118,6 +129,9 @@ def metrics_rows(metrics: dict) -> list[tuple[str, str]]:
     }
     for key, label in labels.items():
         rows.append((label, fmt_percent(metrics[key])))
+    for key, label in BEHAVIOUR_LABELS.items():  # agent runs only (and runs written since)
+        if key in metrics:
+            rows.append((label, fmt_percent(metrics[key])))
     rows.append(("searches / question", fmt_number(metrics["mean_searches"], 2)))
     rows.append(("generated tokens / question", fmt_number(metrics["mean_generated_tokens"], 1)))
     rows.append(("seconds", fmt_number(metrics["seconds"], 1)))

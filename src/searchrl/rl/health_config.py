@@ -86,6 +86,11 @@ class HealthConfig(StrictModel):
     malformed_tags: MonitorConfig = _monitor(
         0.3, 3, "Mean malformed_tags (share of rollouts failing a tag or call rule of the format check) over the window, "
         "less the stage's lowest such mean; fires at or above threshold (tags break before format_ok halves).")
+    # An answer reward pays a guess searched and answered as often as the guess is right (a
+    # comparison's candidate: half the time), so the echo can rise while the reward does.
+    query_echo: MonitorConfig = _monitor(
+        0.3, 2, "Mean query_echo_rate (share of rollouts answering their only query, whatever it returned) over the window, "
+        "less the stage's lowest such mean; fires at or above threshold.")
     nonfinite: MonitorConfig = _monitor(
         1, 1, "How many of loss, gradient norm, KL, entropy, log-prob mismatch and reward are NaN/Inf; fires at or above threshold.")
     step_time: MonitorConfig = _monitor(

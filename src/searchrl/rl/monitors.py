@@ -153,6 +153,10 @@ def malformed_tags(records: Sequence[dict], cfg: MonitorConfig) -> Reading:
     return _rise(records, mn.MALFORMED_TAGS, cfg)
 
 
+def query_echo(records: Sequence[dict], cfg: MonitorConfig) -> Reading:
+    return _rise(records, mn.QUERY_ECHO_RATE, cfg)
+
+
 # A NaN in any of these poisons the weights (loss, gradients) or shows they already are (log-probs).
 NONFINITE_KEYS = (mn.PG_LOSS, mn.SFT_LOSS, mn.KL_LOSS, mn.GRAD_NORM, mn.KL, mn.ENTROPY, mn.LOGPROB_MISMATCH, mn.REWARD)
 
@@ -174,7 +178,7 @@ MONITORS: dict[str, Monitor] = {
     "search_collapse": search_collapse, "format_collapse": format_collapse, "answer_echo": answer_echo, "length_drift": length_drift,
     "entropy_collapse": entropy_collapse, "flat_groups": flat_groups, "logprob_mismatch": logprob_mismatch,
     "is_ratio_spike": is_ratio_spike, "is_clip": is_clip, "trainer_idle": trainer_idle, "rollout_wait": rollout_wait,
-    "think_repetition": think_repetition, "malformed_tags": malformed_tags, "nonfinite": nonfinite, "step_time": step_time,
+    "think_repetition": think_repetition, "malformed_tags": malformed_tags, "query_echo": query_echo, "nonfinite": nonfinite, "step_time": step_time,
 }
 assert set(MONITORS) == set(HealthConfig().monitors()), "every monitor has a config field and back"
 
@@ -202,6 +206,8 @@ def message(name: str, value: float, cfg: MonitorConfig) -> str:
         "think_repetition": f"{value:.0%} more rollouts over {w} repeat a span of their reasoning 3+ times back to back "
                             "than at the stage's best: the reasoning is degenerating into loops",
         "malformed_tags": f"{value:.0%} more rollouts over {w} break a tag or call rule than at the stage's best",
+        "query_echo": f"{value:.0%} more rollouts over {w} answer their only query than at the stage's lowest: the policy "
+                      "searches its guess and answers it, whatever the search returned",
         "nonfinite": f"{value:.0f} of {', '.join(NONFINITE_KEYS)} is NaN/Inf",
         "step_time": f"the step took {value:.1f}x the recent median step time",
     }[name]

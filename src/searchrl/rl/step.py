@@ -32,6 +32,7 @@ import torch
 from searchrl import metric_names as mn
 from searchrl.data.trajectory import STOP_REASONS, Trajectory
 from searchrl.data.types import Question
+from searchrl.eval import behaviour
 from searchrl.eval.multihop import multihop_metrics, row_of_trajectory
 from searchrl.format_rules import FORMAT_RULES, TAG_RULES, think_text
 from searchrl.metrics import ANSWER_METRICS
@@ -245,6 +246,7 @@ def record(at: StepIndex, scored: Scored, sums: torch.Tensor, stats: UpdateStats
         **asdict(timing),
         **tool_metrics([t.tool_calls for t in trajs], [t.timing for t in trajs], tools),
         **multihop_metrics([row_of_trajectory(t, q) for t, q in zip(trajs, scored.questions)]),  # per question type
+        **behaviour.behaviour_metrics([behaviour.of_trajectory(t, q.answers) for t, q in zip(trajs, scored.questions)]),
     }
     for name in dict.fromkeys(n for r in rewards for n in r.terms):  # the stage's terms, weighted
         out[mn.REWARD_TERM.key(name)] = _mean(r.terms[name] for r in rewards)
