@@ -137,6 +137,10 @@ OVERHOP_RATE = _metric("overhop_rate", "behaviour",
                        "(null: every gold answer is yes/no).")
 AVOID_RATE = _metric("avoid_rate", "behaviour", "Share of rollouts with no answer or an empty one.")
 EMPTY_SEARCH_RATE = _metric("empty_search_rate", "behaviour", "Share of searches that returned no passage (null: no search).")
+REFILL_ROUNDS = _metric("refill_rounds", "rollout",
+                        "stage.refill_flat_groups only: rounds of other questions drawn to replace groups without signal.")
+FLAT_DROPPED = _metric("flat_dropped", "rollout",
+                       "stage.refill_flat_groups only: question groups left out of the update for their equal rewards.")
 THINK_REPEAT_RATE = _metric("think_repeat_rate", "rollout",
                             "Share of the word 4-grams of a rollout's think text that repeat an earlier one of the same text, mean "
                             "over rollouts (null: no rollout wrote 4 words of reasoning). Healthy reasoning repeats its entities' "

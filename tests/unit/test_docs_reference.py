@@ -162,7 +162,7 @@ def test_every_metric_a_training_step_writes_is_in_the_schema_and_every_entry_is
     trainer.train(load_config(TrainConfig, None, [
         "model=tiny-random", f"retrieval.index={tmp_path / 'index'}", f"out={run}", "protocol.tags=search-r1",
         f"protocol.template={world / 'prompt.txt'}", f"stage1.dataset={gold}", f"stage2.dataset={gold}",
-        "stage1.steps=1", "stage1.prompts_per_step=1", "stage1.samples_per_prompt=2",
+        "stage1.steps=1", "stage1.prompts_per_step=1", "stage1.samples_per_prompt=2", "stage1.refill_flat_groups=1",
         "stage2.kind=sft", "stage2.steps=1", "stage2.prompts_per_step=2", "stage2.samples_per_prompt=1",
         "rollout.max_new_tokens=48", "rollout.top_p=1.0", "algorithm.kl_coef=0.05",
         "logging.tensorboard=false", "logging.progress=false", "logging.sample_every=0",

@@ -148,6 +148,12 @@ class StageConfig(StrictModel):
         "apply on top): e.g. an sft warm start at the full rate, then RL at a fraction that does not undo it.",
     )
     prompts_per_step: int = Field(4, ge=1, description="Questions per step.")
+    refill_flat_groups: int = Field(
+        0, ge=0, description="rl stages, sync mode: drop the question groups whose rewards are all equal (their advantages "
+        "are 0: they teach nothing but dilute the token mean) and draw up to this many rounds of other questions of the "
+        "stage, seeded by the step, to refill the step to prompts_per_step groups with signal (DAPO's dynamic sampling, "
+        "Yu et al. 2025). Costs the refill rounds' rollouts; 0 (the paper's) trains on every group drawn.",
+    )
     samples_per_prompt: int = Field(
         8, ge=1, description="Rollouts per question, one baseline group (paper: 16); at least 2 in an rl stage (a group of one "
         "has no baseline: its advantage is 0), 1 in an sft stage."
@@ -254,6 +260,9 @@ class TrainConfig(AgentConfig):
             if stage.kind == "sft" and stage.samples_per_prompt != 1:
                 raise ValueError(f"stage{n}.kind is sft: set stage{n}.samples_per_prompt=1 (a question's gold trajectory is "
                                  "one fixed sequence; copies would only weigh it more)")
+            if stage.refill_flat_groups and (stage.kind != "rl" or self.rollout.mode == "async"):
+                raise ValueError(f"stage{n}.refill_flat_groups draws more rollouts within a step: it needs kind=rl and "
+                                 "rollout.mode=sync (async workers generate the step's batch ahead); set it to 0")
             if stage.enabled and stage.kind == "rl" and stage.samples_per_prompt == 1:
                 # Every estimator's baseline is the question's group (advantages.py): a group of one
                 # is flat, so its advantage is 0 whatever the reward (Reinforce++ keeps only the KL term).

@@ -100,15 +100,15 @@ class Timing:
 
 
 def train_step(actor: Actor, worker: RolloutWorker | AsyncRanks, stage_cfg: StageConfig, questions: list[Question],
-               at: StepIndex, progress: bool = False) -> tuple[dict, list[dict]]:
-    """One rollout batch and its policy updates -> (metrics record, sample records)."""
+               at: StepIndex, progress: bool = False, pool: Sequence[Question] = ()) -> tuple[dict, list[dict]]:
+    """One rollout batch and its policy updates -> (metrics record, sample records); `pool`: the
+    stage's questions, which refill groups without signal (`stage.refill_flat_groups`)."""
     t0 = time.perf_counter()
     version = actor.version  # of the policy this step's update starts from (the proximal one)
-    trajectories = worker.collect(questions, stage_cfg.samples_per_prompt, at.seed, progress)
+    scored, drawn = collect_with_signal(worker, stage_cfg, questions, at, pool, progress)
     worker.sleep()  # a colocated engine frees its memory for the update
     actor.dist.barrier()  # the rollout phase ends with the slowest rank's (its wait is not log-prob time)
     t1 = time.perf_counter()
-    scored = score(trajectories, questions, stage_cfg, worker)
     batch = prepare(actor, scored)
     old_from_update = batch.old_logp is None
     t2 = time.perf_counter()
@@ -119,14 +119,19 @@ def train_step(actor: Actor, worker: RolloutWorker | AsyncRanks, stage_cfg: Stag
     t3 = time.perf_counter()
     # Left to the update, the old log-probs exist only if an update ran.
     have_old = not old_from_update or stats.updates > 0
-    parts = actor.dist.gather((scored, token_sums(batch, actor.cfg.algorithm.is_cap), Timing(t1 - t0, t2 - t1, t3 - t2, t3 - t0), worker.searched()))
+    parts = actor.dist.gather((scored, token_sums(batch, actor.cfg.algorithm.is_cap), Timing(t1 - t0, t2 - t1, t3 - t2, t3 - t0),
+                               worker.searched(), drawn))
     everyone = Scored.concat([p[0] for p in parts])
+    drawn = Drawn(*np.sum([astuple(p[4]) for p in parts], axis=0).tolist())
     sums = torch.cat([p[1] for p in parts])
     timing = Timing(*np.max([astuple(p[2]) for p in parts], axis=0).tolist())  # the slowest rank's
     has_ref = batch.ref_logp is not None
     searched = retrieval_record([p[3] for p in parts])
     line = record(at, everyone, sums, stats, have_old, has_ref, timing, tools=worker.tools,
                   protocol=worker.protocol)
+    if stage_cfg.refill_flat_groups:  # flat_groups counts every group drawn, the dropped ones too
+        line.update({mn.FLAT_GROUPS: drawn.flat / max(drawn.groups, 1), mn.REFILL_ROUNDS: drawn.rounds,
+                     mn.FLAT_DROPPED: drawn.dropped})
     return ({**line, **staleness_record(everyone.trajectories, version), **searched, **worker.spent(), **worker.pipeline(timing.step_seconds)},
             samples(at, everyone))
 
@@ -137,6 +142,70 @@ def staleness_record(trajectories: Sequence[Trajectory], version: int) -> dict:
     sync mode, where every rollout is sampled by the weights it then trains."""
     lags = [version - t.policy_version for t in trajectories]
     return {mn.STALENESS_MEAN: _mean(lags) if lags else 0.0, mn.STALENESS_MAX: max(lags, default=0)}
+
+
+@dataclass(frozen=True)
+class Drawn:
+    """What `collect_with_signal` drew: question groups, flat ones among them, flat ones left out
+    of the batch, refill rounds run."""
+
+    groups: int
+    flat: int
+    dropped: int
+    rounds: int
+
+
+def refill_questions(pool: Sequence[Question], used: set[str], n: int, seed: int) -> list[Question]:
+    """`n` questions of `pool` whose ids are not in `used`, in an order seeded by `seed` (fewer when
+    the pool runs out): a refill round's questions follow from the step alone, so a resumed run
+    draws them again.
+
+    >>> qs = [Question(id=str(i), question="?", answers=["a"]) for i in range(5)]
+    >>> [q.id for q in refill_questions(qs, {"0", "1"}, 2, seed=3)] == [q.id for q in refill_questions(qs, {"0", "1"}, 2, seed=3)]
+    True
+    >>> sorted(q.id for q in refill_questions(qs, {"0", "1"}, 9, seed=3))
+    ['2', '3', '4']
+    """
+    free = [q for q in pool if q.id not in used]
+    order = np.random.default_rng(seed).permutation(len(free))
+    return [free[int(i)] for i in order[:n]]
+
+
+def _with_signal(scored: Scored) -> tuple[Scored, int]:
+    """The groups of `scored` whose rewards are not all equal, renumbered from 0, and how many
+    groups were flat."""
+    totals: dict[int, set[float]] = {}
+    for r, g in zip(scored.rewards, scored.group_ids):
+        totals.setdefault(g, set()).add(r.total)
+    spread = sorted(g for g, values in totals.items() if len(values) > 1)
+    keep, new_id = [i for i, g in enumerate(scored.group_ids) if g in spread], {g: k for k, g in enumerate(spread)}
+    return (Scored([scored.questions[i] for i in keep], [scored.trajectories[i] for i in keep],
+                   [scored.rewards[i] for i in keep], [new_id[scored.group_ids[i]] for i in keep]), len(totals) - len(spread))
+
+
+def collect_with_signal(worker: RolloutWorker | AsyncRanks, stage_cfg: StageConfig, questions: list[Question],
+                        at: StepIndex, pool: Sequence[Question], progress: bool) -> tuple[Scored, Drawn]:
+    """The step's rollouts, scored. With `stage.refill_flat_groups` = R: the groups whose rewards
+    are all equal are dropped and up to R rounds of other questions from `pool` refill the step
+    to as many groups with signal as it drew questions; if no group has signal the first draw is
+    kept (its update is skipped as any flat batch's is)."""
+    n = stage_cfg.samples_per_prompt
+    first = score(worker.collect(questions, n, at.seed, progress), questions, stage_cfg, worker)
+    kept, flat = _with_signal(first)
+    if not stage_cfg.refill_flat_groups:
+        return first, Drawn(len(questions), flat, 0, 0)
+    groups, used, rounds = len(questions), {q.id for q in questions}, 0
+    while rounds < stage_cfg.refill_flat_groups and len(set(kept.group_ids)) < len(questions):
+        seed = at.seed + 7919 * (rounds + 1)  # a round's own questions and samples, from the step alone
+        extra = refill_questions(pool, used, len(questions) - len(set(kept.group_ids)), seed)
+        if not extra:
+            break
+        rounds, groups, used = rounds + 1, groups + len(extra), used | {q.id for q in extra}
+        more, more_flat = _with_signal(score(worker.collect(extra, n, seed, progress), extra, stage_cfg, worker))
+        kept, flat = Scored.concat([kept, more]), flat + more_flat
+    if not kept.trajectories:
+        return first, Drawn(groups, flat, 0, rounds)
+    return kept, Drawn(groups, flat, flat, rounds)
 
 
 def score(trajectories: list[Trajectory], questions: list[Question], stage_cfg: StageConfig, worker: RolloutWorker) -> Scored:

@@ -165,8 +165,11 @@ def _train(cfg: TrainConfig, resume: Path | None, stages: list[int] | None, d: D
             worker.begin([order for *_, order in steps])  # async: the worker starts what admission allows
             for at, questions, position, _ in steps:
                 step, k = at.step, at.stage_step
-                step_fn = sft_step if stage_cfg.kind == "sft" else train_step  # sft: questions are gold paths
-                record, samples = step_fn(actor, worker, stage_cfg, questions, at, cfg.logging.progress and d.main)
+                progress = cfg.logging.progress and d.main
+                if stage_cfg.kind == "sft":  # sft: questions are gold paths
+                    record, samples = sft_step(actor, worker, stage_cfg, questions, at, progress)
+                else:
+                    record, samples = train_step(actor, worker, stage_cfg, questions, at, progress, pool=prepared.questions[stage])
                 metrics_lines += 1
                 stop = rolled = None
                 if d.main:
