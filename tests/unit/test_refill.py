@@ -35,7 +35,7 @@ class Worker:
         for q in questions:
             for i in range(n):
                 right = q.id.startswith("flat") or i % 2 == 0
-                text = f"<search>x</search>"
+                text = "<search>x</search>"
                 answer = q.answers[0] if right else "wrong"
                 segs = [Segment(text, "policy"), Segment("\n\n<information>\n(1)Title: T Text: x\n</information>\n\n", "env"),
                         Segment(f"<answer>{answer}</answer>", "policy")]
