@@ -62,6 +62,18 @@ def normalize_answer(s: str) -> str:
     return " ".join(s.split())
 
 
+def contains(text: str, phrase: str) -> bool:
+    """Whether normalised `phrase` stands in normalised `text` as whole words (False for an empty phrase).
+
+    >>> contains("Kheno Muard was born in Gimnamburg.", "gimnamburg")
+    True
+    >>> contains("A Parisian painter.", "Paris")
+    False
+    """
+    p = normalize_answer(phrase)
+    return bool(p) and f" {p} " in f" {normalize_answer(text)} "
+
+
 def _valid(prediction: str | None) -> bool:
     return prediction is not None and prediction.strip() != ""
 

@@ -16,7 +16,7 @@ named `stage2.reward.terms: {"mypkg.rewards:length_penalty": {weight: 1.0, per_w
 
 Built in: `retrieve`, `format` and `answer` (the paper's R_retrieve, R_format, R_answer; every
 stage has them, set by the stage preset's magnitudes in `RewardConfig`), `tool_cost` and
-`duplicate_query` (off in the paper recipe: a stage adds them in `reward.terms`).
+`duplicate_query` and `grounded` (off in the paper recipe: a stage adds them in `reward.terms`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from functools import cache
 from pydantic import ConfigDict, ValidationError, create_model
 
 from searchrl.data.trajectory import Trajectory
-from searchrl.metrics import ANSWER_METRICS
+from searchrl.metrics import ANSWER_METRICS, contains, normalize_answer
 from searchrl.registry import Registry
 
 
@@ -136,6 +136,29 @@ def duplicate_query(x: RewardInput, *, penalty: float = 0.5) -> float:
     (-1.0, -0.5)
     """
     return -penalty * (len(x.traj.queries) - len({_same_query(q) for q in x.traj.queries}))
+
+
+@REWARD_TERMS.register("grounded")
+def grounded(x: RewardInput, *, penalty: float = 0.5) -> float:
+    """Minus `penalty` when the answer stands in no document the environment showed the rollout
+    (word-bounded, normalised): a guess searched and answered whatever came back. Yes/no answers
+    and no answer (the format's business) cost nothing. A deviation from the paper's outcome
+    reward (it reads the trajectory), off unless a stage names it.
+
+    >>> from searchrl.data.trajectory import Segment
+    >>> def rollout(prediction, docs):
+    ...     t = Trajectory("q", "?", [], [], [], [], [Segment(d, "env") for d in docs])
+    ...     return RewardInput(["x"], t, FormatVerdict(True), prediction)
+    >>> grounded(rollout("Tessbridge", ["(no results)"])), grounded(rollout("Heldix", ["born in Heldix."]))
+    (-0.5, 0.0)
+    >>> grounded(rollout("yes", [])), grounded(rollout(None, []))
+    (0.0, 0.0)
+    """
+    said = normalize_answer(x.prediction or "")
+    if not said or said in ("yes", "no"):
+        return 0.0
+    shown = "\n".join(s.text for s in x.traj.segments if s.source == "env")
+    return 0.0 if contains(shown, said) else -penalty
 
 
 def _check_signature(name: str, fn: object) -> None:

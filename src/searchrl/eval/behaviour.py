@@ -11,8 +11,8 @@ without the agent having learned to read (docs/guides/evaluation.md#failure-mode
 - **avoidance** (`avoid_rate`): no answer, or one that normalises to nothing;
 - **empty searches** (`empty_search_rate`): the share of searches that returned no passage.
 
-Containment is of normalised text on word boundaries (`metrics.normalize_answer`), so "Paris"
-stands in "... born in Paris, France" and not in "Parisian".
+Containment is of normalised text on word boundaries (`metrics.contains`), so "Paris" stands in
+"... born in Paris, France" and not in "Parisian".
 """
 
 from __future__ import annotations
@@ -23,24 +23,12 @@ from typing import TYPE_CHECKING
 
 from searchrl import metric_names as mn
 from searchrl.eval.multihop import seen_by_query
-from searchrl.metrics import normalize_answer
+from searchrl.metrics import contains, normalize_answer
 
 if TYPE_CHECKING:
     from searchrl.data.trajectory import Trajectory
 
 _YES_NO = frozenset({"yes", "no"})
-
-
-def contains(text: str, phrase: str) -> bool:
-    """Whether normalised `phrase` stands in normalised `text` as whole words (False for an empty phrase).
-
-    >>> contains("Kheno Muard was born in Gimnamburg.", "gimnamburg")
-    True
-    >>> contains("A Parisian painter.", "Paris")
-    False
-    """
-    p = normalize_answer(phrase)
-    return bool(p) and f" {p} " in f" {normalize_answer(text)} "
 
 
 @dataclass(frozen=True)
