@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from searchrl.data.loaders import load_questions
 from searchrl.data.textio import check_file, read_json
@@ -153,48 +154,59 @@ _file_entry(
 )
 
 
-# ---------------------------------------------------------------- toy world
+# ---------------------------------------------------------------- generated worlds
 
-def _toyworld_rel() -> str:
-    from searchrl.data.toyworld import VERSION, ToyWorldConfig
+def _generator(world: str) -> tuple[int, Any, Callable, Callable]:
+    """(version, default config, generate, write) of a generated world: the toy world, or the
+    held-out `toyworld-alt` (other relations, wording and names)."""
+    if world == "toyworld":
+        from searchrl.data.toyworld import VERSION, ToyWorldConfig, generate, write
 
+        return VERSION, ToyWorldConfig(), generate, write
+    from searchrl.data.toyworld.alt import VERSION, AltWorldConfig, generate, write
+
+    return VERSION, AltWorldConfig(), generate, write
+
+
+def _world_rel(world: str) -> str:
+    version, config, _, _ = _generator(world)
     # The generator version and the default config name the cache: a changed generator rebuilds.
-    fields = {"version": VERSION, **ToyWorldConfig().model_dump()}
+    fields = {"version": version, **config.model_dump()}
     digest = hashlib.sha1(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:10]
-    return f"datasets/toyworld-{digest}"
+    return f"datasets/{world}-{digest}"
 
 
-def toyworld_dir() -> Path:
-    """The cached toy world of the default config (corpus.jsonl, train.jsonl, test.jsonl)."""
-    from searchrl.data.toyworld import ToyWorldConfig, generate, write
+def world_dir(world: str) -> Path:
+    """The cached generated `world` of its default config (corpus.jsonl, train.jsonl, test.jsonl)."""
+    _, config, generate, write = _generator(world)
 
     def build(tmp: Path) -> None:
-        _log("generating the toy world (default config; cached afterwards) ...")
-        write(generate(ToyWorldConfig()), tmp)
+        _log(f"generating {world} (default config; cached afterwards) ...")
+        write(generate(config), tmp)
 
-    return cached_build(_toyworld_rel(), build)
+    return cached_build(_world_rel(world), build)
 
 
-def _toyworld_entry(split: str) -> None:
-    name = f"toyworld:{split}"
+def _world_entry(world: str, split: str, description: str) -> None:
+    name = f"{world}:{split}"
 
     def load() -> list[Question]:
-        return load_questions(toyworld_dir() / f"{split}.jsonl", source=name)
+        return load_questions(world_dir(world) / f"{split}.jsonl", source=name)
 
     def count() -> int:
-        built = cache_dir() / _toyworld_rel() / f"{split}.jsonl"
+        built = cache_dir() / _world_rel(world) / f"{split}.jsonl"
         if built.is_file():
             return _count_lines(built)
-        from searchrl.data.toyworld import ToyWorldConfig
+        return getattr(_generator(world)[1], split)  # generation yields exactly this many or raises
 
-        return getattr(ToyWorldConfig(), split)  # generation yields exactly this many or raises
-
-    desc = f"Synthetic toy world ({split} split, default config), generated into the cache"
-    DATASETS.register(name)(DatasetEntry(name, desc, "generated", load, count))
+    DATASETS.register(name)(DatasetEntry(name, description, "generated", load, count))
 
 
-_toyworld_entry("train")
-_toyworld_entry("test")
+_world_entry("toyworld", "train", "Synthetic toy world (train split, default config), generated into the cache")
+_world_entry("toyworld", "test", "Synthetic toy world (test split, default config), generated into the cache")
+# Its test split only: no recipe may train on the world that checks generalisation.
+_world_entry("toyworld-alt", "test", "Held-out toy world: other relations, wording and names (index "
+             "toyworld-alt); for generalisation checks, never trained on")
 
 
 def _selected_entry() -> None:
@@ -278,20 +290,24 @@ def _localwiki_passages() -> list:
     return read_corpus(localwiki_dir() / "corpus.jsonl")
 
 
-def _toyworld_passages() -> list:
-    from searchrl.data.localwiki import read_corpus
+def _world_passages(world: str) -> Callable[[], list]:
+    def passages() -> list:
+        from searchrl.data.localwiki import read_corpus
 
-    return read_corpus(toyworld_dir() / "corpus.jsonl")
+        return read_corpus(world_dir(world) / "corpus.jsonl")
+
+    return passages
 
 
-_index_entry("toyworld", "BM25 over the toy world corpus", _toyworld_passages, "bm25")
+_index_entry("toyworld", "BM25 over the toy world corpus", _world_passages("toyworld"), "bm25")
+_index_entry("toyworld-alt", "BM25 over the held-out toy world corpus", _world_passages("toyworld-alt"), "bm25")
 _index_entry("localwiki", "BM25 over localwiki (~22k real Wikipedia paragraphs)", _localwiki_passages, "bm25")
 _index_entry("localwiki-dense", "all-MiniLM-L6-v2 + exact inner-product FAISS over localwiki", _localwiki_passages, "dense")
 
 
 def _index_rel(name: str) -> str:
-    if name == "toyworld":
-        return f"indexes/toyworld-{_toyworld_rel().rsplit('-', 1)[1]}"
+    if name in ("toyworld", "toyworld-alt"):
+        return f"indexes/{name}-{_world_rel(name).rsplit('-', 1)[1]}"
     from searchrl.data.localwiki import VERSION
 
     return f"indexes/{name}-v{VERSION}"

@@ -25,7 +25,7 @@ from searchrl.data.toyworld.world import Builder
 from searchrl.data.types import Passage, Question
 from searchrl.errors import DataError
 
-__all__ = ["QUESTION_TYPES", "VERSION", "ToyWorld", "ToyWorldConfig", "generate", "write"]
+__all__ = ["QUESTION_TYPES", "VERSION", "ToyWorld", "ToyWorldConfig", "generate", "to_question", "write"]
 
 # Bump when the same config would give different files, so caches keyed on it can rebuild.
 # 2: questions state their evidence, one sentence a hop.
@@ -127,8 +127,9 @@ def to_question(d: Draft, where: dict[str, str], state: Callable[[str], str]) ->
     return Question("", d.question, d.answers, support, d.type, "toyworld", evidence)
 
 
-def write(world: ToyWorld, out_dir: Path) -> dict[str, Path]:
-    """Write corpus.jsonl, train.jsonl, test.jsonl and meta.json into `out_dir`; returns the paths."""
+def write(world: ToyWorld, out_dir: Path, source: str = "toyworld", version: int = VERSION) -> dict[str, Path]:
+    """Write corpus.jsonl, train.jsonl, test.jsonl and meta.json into `out_dir`; returns the paths.
+    `source` and `version` name the generator in meta.json (another world's generator passes its own)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {name: out_dir / f"{name}.jsonl" for name in ("corpus", "train", "test")}
@@ -137,7 +138,7 @@ def write(world: ToyWorld, out_dir: Path) -> dict[str, Path]:
     for name, path in paths.items():
         path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows[name]),
                         encoding="utf-8")
-    meta = {"source": "toyworld", "version": VERSION, "config": world.config.model_dump(mode="json"),
+    meta = {"source": source, "version": version, "config": world.config.model_dump(mode="json"),
             "passages": len(world.passages), "questions": world.counts()}
     paths["meta"] = out_dir / "meta.json"
     paths["meta"].write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")

@@ -8,6 +8,7 @@ so a question can only rely on a fact that some passage states word for word.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from searchrl.data.toyworld.prose import fillers
@@ -272,23 +273,26 @@ def work_sentences(e: Entity, r: random.Random) -> list[Sentence]:
 
 
 def pack(e: Entity, sentences: list[Sentence], background: list[str], r: random.Random,
-         words: int) -> list[Chunk]:
+         words: int, forms: Callable[[Entity, bool, random.Random], dict[str, str]] | None = None) -> list[Chunk]:
     """Greedy packing into chunks of at most 1.3 x `words`; the last chunk is topped up with
-    background sentences to about `words`. The subject is named in full at each chunk start."""
+    background sentences to about `words`. The subject is named in full at each chunk start.
+    `forms` fills the subject placeholders (`subject_forms` by default; another world's kinds
+    bring their own)."""
+    forms = forms or subject_forms
     hi = int(words * 1.3)
     chunks = [Chunk()]
     for sent in sentences:
-        text = sent.template.format(**subject_forms(e, not chunks[-1].sentences, r))
+        text = sent.template.format(**forms(e, not chunks[-1].sentences, r))
         if chunks[-1].sentences and chunks[-1].words + len(text.split()) > hi:
             chunks.append(Chunk())
-            text = sent.template.format(**subject_forms(e, True, r))
+            text = sent.template.format(**forms(e, True, r))
         chunks[-1].add(text)
         chunks[-1].facts.update(sent.facts)
     last = chunks[-1]
     for template in background:
         if last.words >= words:
             break
-        text = template.format(**subject_forms(e, False, r))
+        text = template.format(**forms(e, False, r))
         if last.words + len(text.split()) <= hi:
             # Anywhere after the opening sentence, so passages don't end in boilerplate.
             last.add(text, at=r.randint(1, len(last.sentences)))
