@@ -162,11 +162,11 @@ def test_tag_protocol_documents_blocks_on_the_hf_backend(tiny):
     assert controls(tok, t.prompt_ids) == controls(tok, trajs["benign"].prompt_ids)
 
 
-def _native_engine(backend, tok, retriever, tools=("search",), extra=None):
+def _native_engine(backend, tok, retriever, tools=("search",), extra=None, max_new_tokens=160):
     cfg = AgentConfig(protocol=ProtocolConfig(format="tool-calls", chat_template="hermes-fallback"), tools=list(tools))
     built = build_tools(cfg.tools, ToolContext.of(retriever, 2))
     built.update(extra or {})
-    return RolloutEngine(backend, retriever, build_protocol(cfg, tok), RolloutConfig(k=2, max_new_tokens=160, greedy=True), built)
+    return RolloutEngine(backend, retriever, build_protocol(cfg, tok), RolloutConfig(k=2, max_new_tokens=max_new_tokens, greedy=True), built)
 
 
 CALL = '<tool_call>\n{"name": "search", "arguments": {"query": "Quellbridge"}}\n</tool_call><|im_end|>'

@@ -96,3 +96,20 @@ def test_a_thousand_brackets_is_a_malformed_call_not_a_crash(n):
         assert [c.name for c in turn.calls] == ["search"]
     else:
         assert turn.malformed == [f"tool call 1: JSON nested deeper than {MAX_JSON_DEPTH} levels"] and not turn.calls
+
+
+def test_the_engine_reads_a_bracket_tower_back_as_a_malformed_call():
+    from test_datatext import _native_engine
+    from test_rollout import WordRetriever
+
+    from searchrl.assets import load_tokenizer
+    from searchrl.data.types import Question
+    from searchrl.rollout.scripted import ScriptedBackend
+
+    tok = load_tokenizer("tiny-random")
+    tower = '<tool_call>{"name": "search", "arguments": {"query": ' + "[" * 1000 + "]" * 1000 + "}}</tool_call><|im_end|>"
+    script = iter([tower, "Tessaly<|im_end|>"])
+    engine = _native_engine(ScriptedBackend(tok, lambda text: next(script)), tok, WordRetriever(), max_new_tokens=4000)
+    t = engine.run([Question("q", "Which river?", ("Tessaly",))], n=1)[0]
+    assert t.stop_reason == "answer" and t.tool_calls[0]["error"] == "malformed"
+    assert "nested deeper than" in next(s.text for s in t.segments if s.source == "env")
