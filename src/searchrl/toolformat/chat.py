@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from searchrl import datatext
+from searchrl.chat_render import render, template_name
 from searchrl.errors import SearchRLError
 from searchrl.toolformat.parse import CALL_FORMATS, Turn, detect_format
 from searchrl.tools.base import ToolCall
@@ -82,6 +83,7 @@ class NativeChat:
     ) -> None:
         self.tokenizer = tokenizer
         self.tools = list(tools)
+        self.template_name = template_name(tokenizer, template)  # how errors name it
         if template is not None:
             self.template = load_chat_template(template)
         elif getattr(tokenizer, "chat_template", None):
@@ -101,12 +103,14 @@ class NativeChat:
 
     # -- rendering -------------------------------------------------------------------------
     def render(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(
-            list(messages),
-            tools=self.tools or None,
+        # User code: its errors become one line naming the template, its time is bounded.
+        return render(
+            self.tokenizer,
+            messages,
+            name=self.template_name,
             chat_template=self.template,
+            tools=self.tools or None,
             add_generation_prompt=add_generation_prompt,
-            tokenize=False,
             **self.template_kwargs,
         )
 
