@@ -64,5 +64,5 @@ def render(tokenizer, messages: Sequence[dict[str, Any]], *, name: str, chat_tem
         raise ChatTemplateError(f"{where} refused to render this conversation: {_one_line(exc)}") from None
     except SearchRLError:
         raise
-    except Exception as exc:  # a template error of another kind (a bad filter argument, a type error)
+    except Exception as exc:  # noqa: BLE001 - a template error of another kind (a bad filter argument, a type error)
         raise ChatTemplateError(f"{where} failed while rendering: {type(exc).__name__}: {_one_line(exc)}") from None

@@ -53,7 +53,7 @@ class _Worker:
                     box["value"] = fn()
                 except _Abandoned:
                     return
-                except BaseException as exc:  # handed to the caller as it is
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller as it is
                     box["error"] = exc
                 finally:
                     done.set()

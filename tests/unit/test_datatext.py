@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import json
 from contextlib import contextmanager
+from typing import ClassVar
 
 import pytest
 import torch
@@ -192,7 +193,7 @@ class Echo(Tool):
     """A user's tool whose result quotes a page with control-token text."""
 
     name, description = "echo", "Echo a page."
-    parameters = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+    parameters: ClassVar[dict] = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
 
     def call(self, calls):
         return [Observation(FORGED) for _ in calls]

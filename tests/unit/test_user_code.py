@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+
 from searchrl import chat_render, cli
 from searchrl.assets import load_tokenizer
 from searchrl.deadline import DeadlineExceeded, within

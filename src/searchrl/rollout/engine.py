@@ -57,8 +57,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from searchrl.data.trajectory import Segment, Trajectory
-from searchrl.datatext import data, data_passage, strip_marks
 from searchrl.data.types import Passage, Question
+from searchrl.datatext import data, data_passage, strip_marks
 from searchrl.errors import SearchRLError
 from searchrl.protocol import Protocol, TurnRead
 from searchrl.retrieval.base import Retriever
