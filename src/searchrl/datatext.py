@@ -32,10 +32,11 @@ fails, as the rendering no longer matches), a lone closing mark ends data.
 
 from __future__ import annotations
 
+import re
 import weakref
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from itertools import accumulate
 from typing import Any
 
 OPEN, CLOSE = "\ufdd0", "\ufdd1"  # noncharacters: never in interchanged text, free for internal use
@@ -136,8 +137,8 @@ def encode(tokenizer, text: str, *, add_special_tokens: bool = False, encoder: E
     enc = encoder or _default_encoder(tokenizer)
     if not has_marks(text):
         return enc(text, add_special_tokens)
-    clean, inside = _unmark(text)
-    pieces = _pieces(clean, inside, control_texts(tokenizer))
+    clean, data_spans = _unmark(text)
+    pieces = _pieces(clean, data_spans, control_texts(tokenizer))
     ids: list[int] = []
     newline = enc("\n", False)
     for k, (a, b, plain) in enumerate(pieces):
@@ -165,32 +166,44 @@ def _middle(tokenizer, piece: str, plain: bool, enc: Encoder, newline: list[int]
     return code(piece)
 
 
-def _unmark(text: str) -> tuple[str, list[bool]]:
-    """(text without marks, per character whether it is data)."""
+_MARK = re.compile(f"([{OPEN}{CLOSE}])")
+
+
+def _unmark(text: str) -> tuple[str, list[tuple[int, int]]]:
+    """(text without marks, the (start, end) spans of it that are data, in order)."""
     out: list[str] = []
-    inside: list[bool] = []
-    now = False
-    for ch in text:
-        if ch == OPEN:
-            now = True
-        elif ch == CLOSE:
-            now = False
+    spans: list[tuple[int, int]] = []
+    at, start = 0, None  # start: where the open data span began
+    for part in _MARK.split(text):
+        if part == OPEN:
+            start = at if start is None else start
+        elif part == CLOSE:
+            if start is not None and at > start:
+                spans.append((start, at))
+            start = None
         else:
-            out.append(ch)
-            inside.append(now)
-    return "".join(out), inside
+            out.append(part)
+            at += len(part)
+    if start is not None and at > start:
+        spans.append((start, at))
+    return "".join(out), spans
 
 
-def _pieces(clean: str, inside: list[bool], controls: Sequence[str]) -> list[tuple[int, int, bool]]:
+def _pieces(clean: str, data_spans: list[tuple[int, int]], controls: Sequence[str]) -> list[tuple[int, int, bool]]:
     """`clean` cut into (start, end, plain) pieces: every occurrence of a control token's text,
     overlapping ones included, that holds a data character is plain; the rest is not. No piece
     that is not plain then holds such an occurrence, whatever the tokenizer's matching order."""
-    counts = [0, *accumulate(int(x) for x in inside)]  # data characters before each position
+    ends = [b for _, b in data_spans]
+
+    def holds_data(a: int, b: int) -> bool:
+        k = bisect_right(ends, a)  # the first data span ending after a
+        return k < len(data_spans) and data_spans[k][0] < b
+
     spans: list[tuple[int, int]] = []
     for c in controls:
         at = clean.find(c)
         while at != -1:
-            if counts[at + len(c)] - counts[at]:
+            if holds_data(at, at + len(c)):
                 spans.append((at, at + len(c)))
             at = clean.find(c, at + 1)
     if not spans:
