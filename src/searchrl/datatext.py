@@ -83,15 +83,16 @@ _CONTROLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _control_info(tokenizer) -> tuple[tuple[str, ...], frozenset[int]]:
-    """(control texts longest first, control ids), cached per tokenizer while its added
-    vocabulary keeps its size (a test or a user may add tokens)."""
-    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    """(control texts longest first, control ids), cached per tokenizer while its vocabulary
+    keeps its size (a test or a user may add tokens)."""
     try:
+        size = len(tokenizer)
         cached = _CONTROLS.get(tokenizer)
-    except TypeError:  # neither hashable nor weak-referenceable: computed each time
-        cached = None
-    if cached is not None and cached[0] == len(added):
+    except TypeError:  # neither sized, hashable nor weak-referenceable: computed each time
+        size, cached = None, None
+    if cached is not None and cached[0] == size:
         return cached[1]
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
     texts: dict[str, None] = {}
     ids: set[int] = set()
     for i, token in added.items():
@@ -105,7 +106,7 @@ def _control_info(tokenizer) -> tuple[tuple[str, ...], frozenset[int]]:
     ids.update(int(i) for i in getattr(tokenizer, "all_special_ids", []) or [] if i is not None)
     info = (tuple(sorted(texts, key=len, reverse=True)), frozenset(ids))
     try:
-        _CONTROLS[tokenizer] = (len(added), info)
+        _CONTROLS[tokenizer] = (size, info)
     except TypeError:
         pass
     return info
@@ -139,6 +140,8 @@ def encode(tokenizer, text: str, *, add_special_tokens: bool = False, encoder: E
         return enc(text, add_special_tokens)
     clean, data_spans = _unmark(text)
     pieces = _pieces(clean, data_spans, control_texts(tokenizer))
+    if len(pieces) == 1 and not pieces[0][2]:  # data without control-token text: as without marks
+        return enc(clean, add_special_tokens)
     ids: list[int] = []
     newline = enc("\n", False)
     for k, (a, b, plain) in enumerate(pieces):
