@@ -129,6 +129,7 @@ class AnnouncingTool(Tool):
         super().__init__(inner.context)
         self.inner, self.on_call = inner, on_call
         self.name, self.description, self.parameters = inner.name, inner.description, inner.parameters
+        self.timeout_s = inner.timeout_s
 
     def call(self, calls: Sequence[dict[str, Any]]) -> list[Observation]:
         observations = self.inner.call(calls)

@@ -17,6 +17,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from searchrl.chat_render import ChatTemplateError, render, template_name
 from searchrl.data.types import Passage
 from searchrl.errors import SearchRLError
 from searchrl.registry import Registry
@@ -144,17 +145,16 @@ def apply_chat(tokenizer, messages: list[dict], template: str) -> str:
             f"prompt template {template!r} needs a tokenizer with a chat template; "
             "for a base (completion) model use template 'base' or 'fewshot'"
         )
+    name = template_name(tokenizer)
     try:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    except Exception:  # jinja raises for templates without a system role (e.g. Gemma)
+        return render(tokenizer, messages, name=name, add_generation_prompt=True)
+    except ChatTemplateError:  # templates without a system role raise (e.g. Gemma)
         if messages[0]["role"] != "system":
             raise
         first_user = dict(
             messages[1], content=messages[0]["content"] + "\n\n" + messages[1]["content"]
         )
-        return tokenizer.apply_chat_template(
-            [first_user, *messages[2:]], tokenize=False, add_generation_prompt=True
-        )
+        return render(tokenizer, [first_user, *messages[2:]], name=name, add_generation_prompt=True)
 
 
 PromptBuilder = Callable[[str, TagSet, object, str], str]

@@ -27,6 +27,7 @@ QWEN25, QWEN3, LLAMA31 = (
     str(FIXTURES / f"{n}.jinja") for n in ("qwen25-style", "qwen3-style", "llama31-style")
 )
 REWRITING = str(FIXTURES / "drops-all-thinking.jinja")
+QUIET = str(FIXTURES / "drops-reasoning-quietly.jinja")  # the same, with no think tag in its source
 LLAMA_SPECIALS = [
     "<|start_header_id|>",
     "<|end_header_id|>",
@@ -354,6 +355,32 @@ def test_self_test_refuses_a_template_that_rewrites_history(tok):
     ) as err:
         check_template(chat)
     assert "Step 1: look it up." in str(err.value)  # it shows where the two differ
+
+
+def test_self_test_refuses_a_template_that_drops_reasoning_with_no_think_tag_in_its_source(tok):
+    source = load_chat_template(QUIET)
+    assert "<think>" not in source and "</think>" not in source
+    chat = NativeChat(tok, SCHEMAS, template=QUIET)
+    t = transcript(chat, reasoning=False)
+    assert t.ids == t.whole  # without reasoning it is prefix-preserving...
+    with pytest.raises(SearchRLError, match="conversation with reasoning built turn by turn differs") as err:
+        check_template(chat)  # ...but it drops earlier reasoning from history
+    assert "Step 1: look it up." in str(err.value)
+
+
+@pytest.mark.parametrize("template", ["hermes-fallback", QWEN25, QWEN3, LLAMA31])
+def test_self_test_checks_reasoning_whatever_the_source_and_without_it_unless_the_template_adds_it(
+    tok, llama_tok, template, monkeypatch
+):
+    from searchrl.toolformat import selftest
+
+    chat = _chat(tok, llama_tok, template)
+    seen = []
+    real = selftest.transcript
+    monkeypatch.setattr(selftest, "transcript", lambda c, **kw: seen.append(kw["reasoning"]) or real(c, **kw))
+    selftest.check_template(chat)
+    assert seen == ([True] if template == QWEN3 else [True, False])  # Qwen3 writes a think block into every turn
+    assert selftest.writes_reasoning(chat) == (template == QWEN3)
 
 
 def test_self_test_refuses_a_format_that_does_not_read_the_template(tok, llama_tok):

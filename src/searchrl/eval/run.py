@@ -46,6 +46,7 @@ from searchrl.agent import Agent, build_agent
 from searchrl.config import dump_config
 from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.data.types import Passage, Question
+from searchrl.datatext import data, data_passage
 from searchrl.errors import SearchRLError
 from searchrl.eval import resume as saved
 from searchrl.eval.answer_prompts import (
@@ -118,8 +119,11 @@ def generate(cfg: EvalConfig, questions: Sequence[Question], agent: Agent) -> li
         for start in range(0, len(questions), rollout.batch_size):
             batch = questions[start : start + rollout.batch_size]
             found.extend(agent.retriever.search([q.question for q in batch], rollout.k))
+    # Questions and passages are data (searchrl.datatext): a page or passage holding a control
+    # token's text is tokenized as that text, never as the token.
     prompts = [
-        answer_prompt(q.question, found[i] if found is not None else None, protocol.tags, protocol.template, agent.backend.tokenizer)
+        answer_prompt(data(q.question), [data_passage(p) for p in found[i]] if found is not None else None,
+                      protocol.tags, protocol.template, agent.backend.tokenizer)
         for i, q in enumerate(questions)
     ]
     answering = build_agent(cfg, agent.backend, NoRetriever(), protocol=answer_protocol(protocol), rollout=rollout)

@@ -122,7 +122,9 @@ class GenerationBackend(ABC):
     @abstractmethod
     def encode(self, text: str, *, prompt: bool = False) -> list[int]:
         """Token ids of `text`. `prompt=True` adds what the model expects at the start of a
-        sequence (e.g. BOS), once; otherwise no special tokens are added."""
+        sequence (e.g. BOS), once; otherwise no special tokens are added. Text between data marks
+        (`searchrl.datatext.data`: passages, pages, tool results, questions) never becomes a
+        special or added token: implementations tokenize with `searchrl.datatext.encode`."""
 
     @abstractmethod
     def decode(self, token_ids: Sequence[int]) -> str:

@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 
 from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.data.types import Passage, Question
+from searchrl.datatext import data, data_passage, strip_marks
 from searchrl.errors import SearchRLError
 from searchrl.protocol import Protocol, TurnRead
 from searchrl.retrieval.base import Retriever
@@ -213,19 +214,26 @@ class RolloutEngine:
             prompt_ids = [self.protocol.prompt_ids(q.question) for q in questions]
             self._check_prompt_lengths(questions, prompt_ids)
             return prompt_ids
-        if prompts is None:
-            prompts = [self.protocol.prompt(q.question, self.backend.tokenizer) for q in questions]
+        if prompts is None:  # the question is data: never a control token (searchrl.datatext)
+            prompts = [self.protocol.prompt(data(q.question), self.backend.tokenizer) for q in questions]
         if len(prompts) != len(questions):
             raise ValueError(f"{len(prompts)} prompts for {len(questions)} questions")
         prompt_ids = [self.backend.encode(p, prompt=True) for p in prompts]
         self._check_prompt_lengths(questions, prompt_ids)
         return prompt_ids
 
+    def marked_documents(self, passages: Sequence[Passage]) -> str:
+        """The documents block of `passages` with their titles and texts marked as data
+        (`searchrl.datatext`): what the engine tokenizes, so that no passage makes a control token."""
+        return self.protocol.format_documents([data_passage(p) for p in passages])
+
     def documents(self, passages: Sequence[Passage]) -> tuple[list[int], str]:
         """The documents block of `passages` as the engine inserts it: its token ids (the block
-        tokenized on its own) and the text they decode to, which is what the model sees."""
-        block = self.protocol.format_documents(passages)
-        ids = self.backend.encode(block)
+        tokenized on its own, passages as data) and the text they decode to, which is what the
+        model sees."""
+        marked = self.marked_documents(passages)
+        block = strip_marks(marked)
+        ids = self.backend.encode(marked)
         seen = self.backend.decode(ids)
         if seen != block and not self._warned_roundtrip:
             self._warned_roundtrip = True
@@ -240,7 +248,7 @@ class RolloutEngine:
         whole, seen = self.documents(passages)
         if len(whole) <= room:
             return whole, seen, False
-        block = self.protocol.format_documents(passages)
+        block = self.marked_documents(passages)
         head_text, tail_text = document_block_ends(self.tags)
         head, tail = self.backend.encode(head_text), self.backend.encode(tail_text)
         n = int(room) - len(head) - len(tail)

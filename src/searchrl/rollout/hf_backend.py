@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from searchrl import datatext
 from searchrl.compat import cache_kwarg, takes_logits_to_keep
 from searchrl.rollout.backend import (
     BACKENDS,
@@ -126,7 +127,8 @@ class HFBackend(GenerationBackend):
 
     def encode(self, text: str, *, prompt: bool = False) -> list[int]:
         # verbose=False: no bare "longer than the maximum" warning; the engine checks prompts itself.
-        ids = self._tok(text, add_special_tokens=prompt, verbose=False)["input_ids"]
+        # Data marks (`searchrl.datatext`): text from outside never becomes a control token.
+        ids = datatext.encode(self._tok, text, add_special_tokens=prompt)
         bos = self._tok.bos_token_id
         # A chat template already writes BOS as text; don't let the tokenizer add a second one.
         if prompt and bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:

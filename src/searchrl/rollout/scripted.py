@@ -20,6 +20,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from searchrl import datatext
 from searchrl.rollout.backend import (
     BackendStats,
     Continuation,
@@ -60,7 +61,7 @@ class ScriptedBackend(GenerationBackend):
         return frozenset([self._tok.eos_token_id])
 
     def encode(self, text: str, *, prompt: bool = False) -> list[int]:
-        return list(self._tok(text, add_special_tokens=prompt, verbose=False)["input_ids"])
+        return datatext.encode(self._tok, text, add_special_tokens=prompt)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self._tok.decode(list(token_ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)

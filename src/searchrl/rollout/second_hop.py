@@ -29,6 +29,7 @@ from pathlib import Path
 from searchrl.agent import Agent, build_agent
 from searchrl.config import dump_config, flag_overrides, load_config
 from searchrl.data.types import Question
+from searchrl.datatext import data
 from searchrl.errors import SearchRLError
 from searchrl.eval.config import EvalConfig
 from searchrl.eval.second_hop import (
@@ -72,11 +73,13 @@ def probe(agent: Agent, rollout: RolloutConfig, questions: Sequence[Question], h
         update={"max_searches": max(rollout.max_searches - hops, 1), "max_new_tokens": rollout.max_new_tokens - written}))
     prompts, seen, same = [], [], []
     for (q, path), texts in zip(kept, turns):
-        prompt = protocol.prompt(q.question, backend.tokenizer)
+        # The question and passages are data (searchrl.datatext): marked, so that the engine
+        # tokenizes this prompt as it inserts documents blocks, without control tokens from them.
+        prompt = protocol.prompt(data(q.question), backend.tokenizer)
         ids, docs = backend.encode(prompt, prompt=True), []
         for text, (_, passages) in zip(texts, path.searches):
             doc_ids, block = engine.documents(passages)
-            prompt += text + block
+            prompt += text + engine.marked_documents(passages)
             ids += backend.encode(text) + doc_ids
             docs.append(block)
         prompts.append(prompt)

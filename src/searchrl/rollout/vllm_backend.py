@@ -182,6 +182,9 @@ class VLLMBackend(GenerationBackend):
                    owns_process_group=not had_group)
 
     # -- text: the transformers backend's, so prompt ids are identical across backends ---------
+    # The engine builds every id this backend is given (prompts, documents blocks, tool results)
+    # through this same `encode` and `NativeChat`, i.e. `searchrl.datatext.encode`: data is never
+    # a control token here either (tests/unit/test_datatext.py checks that this is that function).
     encode = HFBackend.encode
     decode = HFBackend.decode
 

@@ -30,6 +30,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from searchrl import datatext
+from searchrl.chat_render import render, template_name
 from searchrl.errors import SearchRLError
 from searchrl.toolformat.parse import CALL_FORMATS, Turn, detect_format
 from searchrl.tools.base import ToolCall
@@ -81,6 +83,7 @@ class NativeChat:
     ) -> None:
         self.tokenizer = tokenizer
         self.tools = list(tools)
+        self.template_name = template_name(tokenizer, template)  # how errors name it
         if template is not None:
             self.template = load_chat_template(template)
         elif getattr(tokenizer, "chat_template", None):
@@ -100,24 +103,28 @@ class NativeChat:
 
     # -- rendering -------------------------------------------------------------------------
     def render(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(
-            list(messages),
-            tools=self.tools or None,
+        # User code: its errors become one line naming the template, its time is bounded.
+        return render(
+            self.tokenizer,
+            messages,
+            name=self.template_name,
             chat_template=self.template,
+            tools=self.tools or None,
             add_generation_prompt=add_generation_prompt,
-            tokenize=False,
             **self.template_kwargs,
         )
 
     def encode(self, text: str) -> list[int]:
-        # The template writes its own BOS and special tokens: the tokenizer must add none.
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        # The template writes its own BOS and special tokens: the tokenizer must add none. Data
+        # marks (`searchrl.datatext`): text from outside never becomes a control token.
+        return datatext.encode(self.tokenizer, text)
 
     def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
         """The ids of the first prompt (system and user messages, tool section, generation prompt).
         Pass the system message explicitly: a template that injects a default one when there is
-        none would otherwise put a system prompt in the model's context you never chose."""
-        return self.encode(self.render(messages, add_generation_prompt=True))
+        none would otherwise put a system prompt in the model's context you never chose. User
+        and tool messages are data: their text never becomes a control token."""
+        return self.encode(self.render(datatext.data_messages(messages), add_generation_prompt=True))
 
     def _end_of_turn(self) -> tuple[int, str]:
         """(the id that ends an assistant turn, the text the template writes after it that the
@@ -203,12 +210,15 @@ class NativeChat:
         Both renderings hold the assistant message followed by tool messages, so a template that
         renders the last assistant message differently from a later one (Qwen3's empty think)
         renders it the same way in both; what differs starts inside the first tool result. A turn
-        cut by the budget (no end-of-turn id) gets that id first, from the environment."""
+        cut by the budget (no end-of-turn id) gets that id first, from the environment.
+
+        The results are data (`searchrl.datatext`): a result holding `<|im_end|>` or
+        `<|endoftext|>` is tokenized as those characters, never as the control tokens."""
         if not tool_messages:
             raise ValueError("observation_ids needs at least one tool message")
         base = [*history, self.assistant_message(self.parse_ids(sampled_ids))]
         stub = [{**tool_messages[0], "content": _SENTINEL}]
-        real = self.render([*base, *tool_messages], add_generation_prompt=True)
+        real = self.render([*base, *datatext.data_messages(tool_messages, ("tool",))], add_generation_prompt=True)
         probe = self.render([*base, *stub], add_generation_prompt=False)
         common = 0
         for a, b in zip(real, probe):

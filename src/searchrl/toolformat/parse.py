@@ -76,12 +76,57 @@ def split_reasoning(text: str) -> tuple[str, str]:
     return text[start:close].strip(), head + text[close + len(_THINK_CLOSE) :]
 
 
+# Deepest nesting of arrays and objects a call's JSON may have. A policy that writes a thousand
+# brackets (a degenerate one does, mid-RL) would make the JSON reader recurse past Python's limit;
+# such a call is malformed, read back to the model like any other.
+MAX_JSON_DEPTH = 32
+
+
+def json_depth(text: str, limit: int | None = None) -> int:
+    """How deep arrays and objects nest in `text`, read as JSON (brackets in strings skipped);
+    with `limit`, any depth past it may be reported as `limit + 1` (the scan stops there)."""
+    if text.count("[") + text.count("{") <= (limit or 0):
+        return text.count("[") + text.count("{")  # a bound that is enough: no deeper than that
+    depth = most = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            most = max(most, depth)
+            if limit is not None and most > limit:
+                return most
+        elif ch in "]}":
+            depth -= 1
+    return most
+
+
+def load_json(text: str, where: str) -> tuple[Any, str | None]:
+    """(the JSON value of `text`, None), or (None, why it is malformed): bad JSON, nested deeper
+    than `MAX_JSON_DEPTH`, or a number Python refuses to read (over 4,300 digits). Never raises."""
+    if json_depth(text, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+        return None, f"{where}: JSON nested deeper than {MAX_JSON_DEPTH} levels"
+    try:
+        return json.loads(text), None
+    except json.JSONDecodeError as exc:
+        return None, f"{where}: bad JSON ({exc.msg} at char {exc.pos})"
+    except (ValueError, RecursionError) as exc:  # e.g. an integer of 5,000 digits
+        return None, f"{where}: unreadable JSON ({str(exc).split(';')[0][:80]})"
+
+
 def _call_from_json(body: str, args_key: str, where: str) -> ToolCall | str:
     """A `ToolCall` from a JSON object `{"name": ..., args_key: {...}}`, or why it is malformed."""
-    try:
-        obj = json.loads(body)
-    except json.JSONDecodeError as exc:
-        return f"{where}: bad JSON ({exc.msg} at char {exc.pos})"
+    obj, problem = load_json(body, where)
+    if problem is not None:
+        return problem
     if not isinstance(obj, dict):
         return f"{where}: not a JSON object"
     name = obj.get("name")
@@ -89,10 +134,9 @@ def _call_from_json(body: str, args_key: str, where: str) -> ToolCall | str:
         return f'{where}: missing "name"'
     args: Any = obj.get(args_key, {})
     if isinstance(args, str):  # some models write the arguments as a JSON string
-        try:
-            args = json.loads(args)
-        except json.JSONDecodeError:
-            return f'{where}: "{args_key}" is a string that is not JSON'
+        args, problem = load_json(args, where)
+        if problem is not None:
+            return f'{where}: "{args_key}" is a string that is not JSON we read ({problem.removeprefix(where + ": ")})'
     if not isinstance(args, dict):
         return f'{where}: "{args_key}" is not an object'
     return ToolCall(name.strip(), args)
@@ -166,9 +210,9 @@ class Llama3JsonFormat(CallFormat):
         if not tagged and not body.startswith("{"):
             return [], [], text
         try:
-            end = json.JSONDecoder().raw_decode(body)[1]
-        except json.JSONDecodeError:
-            end = len(body)  # reported as bad JSON below
+            end = json.JSONDecoder().raw_decode(body)[1] if json_depth(body, MAX_JSON_DEPTH) <= MAX_JSON_DEPTH else len(body)
+        except (ValueError, RecursionError):
+            end = len(body)  # reported as bad JSON (or too deep) below
         if body[end:].strip():
             return [], ["tool call: one call per turn, and nothing after it"], ""
         parsed = _call_from_json(body, "parameters", "tool call")

@@ -7,6 +7,12 @@ own rendering of that turn) and the observation ids of `NativeChat.observation_i
 that rewrites earlier turns once the conversation goes on (drops earlier reasoning, moves the
 system prompt) gives two different sequences: the run stops before it trains on contexts the
 model never saw.
+
+The conversation is checked twice, whatever the template's source looks like: with reasoning
+(`<think>…</think>` before each call and the answer: any policy may write it, and a template may
+drop it from history by means no look at its source finds) and without. A template that writes a
+think block into a turn given without one (Qwen3: every sampled turn holds one) is checked with
+reasoning only, since its turns are never without.
 """
 
 from __future__ import annotations
@@ -36,15 +42,15 @@ class Transcript:
     messages: list[Message]
 
 
-def canned_turns(chat: NativeChat) -> list[Message]:
-    """The canned assistant turns: two calls of the first tool, then an answer. Reasoning is
-    written where the template knows it (a Qwen3-style model always thinks)."""
+def canned_turns(chat: NativeChat, reasoning: bool | None = None) -> list[Message]:
+    """The canned assistant turns: two calls of the first tool, then an answer, each with
+    reasoning or not (None: as the template's turns are, `writes_reasoning`)."""
     tool = chat.tools[0]["function"] if chat.tools else {"name": "search"}
     calls = [
         ToolCall(tool["name"], {"query": "river Arno town"}),
         ToolCall(tool["name"], {"query": "Florence founded"}),
     ]
-    think = "<think>" in chat.template
+    think = writes_reasoning(chat) if reasoning is None else reasoning
     turns = []
     for i, call in enumerate(calls):
         content = f"<think>\nStep {i + 1}: look it up.\n</think>\n\n" if think else ""
@@ -69,13 +75,22 @@ def sampled_ids(chat: NativeChat, history: list[Message], assistant: Message) ->
     return chat.encode(full[len(head) : end]) + [chat.end_of_turn_id]
 
 
-def transcript(chat: NativeChat, system: str | None = SYSTEM) -> Transcript:
-    """The canned conversation built turn by turn, and rendered whole."""
+def writes_reasoning(chat: NativeChat) -> bool:
+    """Whether the template writes a think block into an assistant turn given without one, read
+    from its rendering (Qwen3 does, for the turn being sampled): its turns always hold one."""
+    turn = {"role": "assistant", "content": "Florence."}
+    sampled = chat.tokenizer.decode(sampled_ids(chat, [{"role": "user", "content": QUESTION}], turn))
+    return "</think>" in sampled
+
+
+def transcript(chat: NativeChat, system: str | None = SYSTEM, reasoning: bool | None = None) -> Transcript:
+    """The canned conversation built turn by turn, and rendered whole; `reasoning` as in
+    `canned_turns`."""
     history: list[Message] = [{"role": "system", "content": system}] if system else []
     history.append({"role": "user", "content": QUESTION})
     ids = chat.prompt_ids(history)
     mask = [0] * len(ids)
-    turns = canned_turns(chat)
+    turns = canned_turns(chat, reasoning)
     starts = []
     for i, assistant in enumerate(turns):
         starts.append(len(chat.render(history, add_generation_prompt=True)))
@@ -114,8 +129,13 @@ def _check_parse(chat: NativeChat, sampled: list[int], assistant: Message) -> No
 
 def check_template(chat: NativeChat) -> None:
     """Stop with a clear `SearchRLError` when the template is not prefix-preserving, i.e. when
-    the turn-by-turn ids differ from the ids of the whole rendering."""
-    t = transcript(chat)
+    the turn-by-turn ids differ from the ids of the whole rendering, for the conversation with
+    reasoning and (unless the template always writes reasoning) without."""
+    for reasoning in (True, False) if not writes_reasoning(chat) else (True,):
+        _check(chat, transcript(chat, reasoning=reasoning), "with" if reasoning else "without")
+
+
+def _check(chat: NativeChat, t: Transcript, reasoning: str) -> None:
     if t.ids == t.whole:
         return
     at = next(
@@ -123,8 +143,8 @@ def check_template(chat: NativeChat) -> None:
     )
     tok = chat.tokenizer
     raise SearchRLError(
-        "the chat template is not prefix-preserving: a three-turn tool conversation built turn by turn "
-        f"differs from its whole rendering at token {at} (turn by turn {tok.decode(t.ids[at : at + 12])!r}, "
+        f"the chat template is not prefix-preserving: a three-turn tool conversation {reasoning} reasoning built "
+        f"turn by turn differs from its whole rendering at token {at} (turn by turn {tok.decode(t.ids[at : at + 12])!r}, "
         f"whole {tok.decode(t.whole[at : at + 12])!r}), so training would use contexts the model never saw "
         "(a template that drops earlier reasoning or rewrites history does this); pick a prefix-preserving "
         "template (template: hermes-fallback, or a model's training template) or another call format"

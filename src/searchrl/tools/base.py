@@ -51,6 +51,10 @@ class Tool(ABC):
     name: ClassVar[str]
     description: ClassVar[str]
     parameters: ClassVar[dict[str, Any]]  # JSON schema (an "object") of the arguments
+    # Most seconds one batched `call` may take; past it every call of the batch gets an error
+    # result naming the tool (`timeout`) and the round goes on (`searchrl.tools.batch`). None: no
+    # deadline (the built-in tools, whose requests have their own).
+    timeout_s: ClassVar[float | None] = 60.0
 
     def __init__(self, context: ToolContext | None = None) -> None:
         """`context`: what the run gives its tools (the retriever, k, ...); `build_tools` passes it."""
@@ -68,7 +72,9 @@ class Tool(ABC):
     def call(self, calls: Sequence[dict[str, Any]]) -> list[Observation]:
         """One observation per call's arguments, in order. Arguments arrive as the model wrote
         them (checked against `parameters` by the engine first); a failing call is an
-        `Observation(ok=False)`, never an exception."""
+        `Observation(ok=False)`, never an exception. A user's tool that raises, returns anything
+        but one `Observation` per call, or takes longer than `timeout_s` is named in the error
+        (`searchrl.tools.batch.run_calls`)."""
 
     def close(self) -> None:
         """Release what the tool holds (connections, files)."""

@@ -193,6 +193,7 @@ def _shown(value: Any) -> str:
 @TOOLS.register("calculate")
 class Calculate(Tool):
     name = "calculate"
+    timeout_s = None  # built in: its requests have deadlines of their own
     description = ("Compute arithmetic or a comparison, e.g. `(3.5 + 2) * 4`, `2 ** 10 > 1000`, `sqrt(2)`; "
                    "dates as YYYY-MM-DD: `2020-03-01 - 1999-12-31` is the days between them.")
     parameters: ClassVar[dict[str, Any]] = {

@@ -81,6 +81,7 @@ class CorpusLookup:
 @TOOLS.register("open")
 class Open(Tool):
     name = "open"
+    timeout_s = None  # built in: its requests have deadlines of their own
     description = ("Read a whole document: a passage by its `id`, an article by its `title` (as search results show it), "
                    "or a web page by its `url`. Give exactly one of them.")
     parameters: ClassVar[dict[str, Any]] = {

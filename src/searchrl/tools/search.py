@@ -21,6 +21,7 @@ from searchrl.tools.registry import TOOLS
 @TOOLS.register("search")
 class Search(Tool):
     name = "search"
+    timeout_s = None  # built in: its requests have deadlines of their own
     description = "Search the knowledge source for passages about a query; returns the top passages with their titles."
     parameters: ClassVar[dict[str, Any]] = {
         "type": "object",
