@@ -18,7 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from searchrl.errors import SearchRLError
-from searchrl.paths import cache_dir
+from searchrl.paths import cache_dir, make_readable
 from searchrl.registry import Registry
 
 DEFAULT_EMBEDDER = "minilm"
@@ -213,7 +213,7 @@ def _prepare_builtin(key: str) -> Path:
         try:
             _BUILDERS.get(key)(tmp)
             (tmp / _MARKER).write_text(_BUILD_VERSION + "\n")
-            tmp.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
+            make_readable(tmp)  # mkdtemp and safetensors make theirs private; the cache may be shared
             if target.exists():  # an incomplete or outdated folder: move aside, then replace
                 old = Path(tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=root))
                 os.rename(target, old / "old")

@@ -560,11 +560,13 @@ def export_model(
     adapter: bool = typer.Option(False, "--adapter/--merge-lora", help="LoRA runs: save the adapter alone (load it with peft) instead of merging it into the base weights (default)."),
     evals: list[str] | None = typer.Option(None, "--eval", help="Folder written by `searchrl eval run --out` whose table goes into the card (repeatable); a demo's evaluations are found by themselves."),
     push_to_hub: str | None = typer.Option(None, "--push-to-hub", help="Also upload the folder to this Hugging Face Hub repo (user/name; created if missing, needs `hf auth login`)."),
+    dtype: str = typer.Option("float32", "--dtype", help="Dtype of the saved weights: float32 (as trained, default), bfloat16 (half the size) or float16."),
+    license: str | None = typer.Option(None, "--license", help="The card's license (a Hub license id, e.g. apache-2.0); default the base model's where known, else unknown."),
 ) -> None:
     """Export a trained policy as a Hugging Face model folder with a model card, ready for transformers, vLLM and `searchrl ask`."""
     from searchrl.export import export_command
 
-    export_command(source, out, adapter, evals or [], push_to_hub)
+    export_command(source, out, adapter, evals or [], push_to_hub, dtype, license)
 
 
 # --- demo ---
