@@ -233,6 +233,9 @@ def resolve_model(name: str = DEFAULT_MODEL) -> Path | str:
     key = _builtin_key(name)
     if key is not None:
         return _prepare_builtin(key)
+    from searchrl.checkpoint_meta import resolve_trained_model
+
+    name = resolve_trained_model(name)  # a training run or its checkpoints/latest: the newest checkpoint
     path = Path(name).expanduser()
     if path.exists():
         return _model_folder(path)
@@ -345,6 +348,9 @@ def load_model(name: str = DEFAULT_MODEL, device: str = "cpu", dtype=None):
 
     from searchrl.cpu_attention import use_gqa_attention
 
+    from searchrl.compat import quiet_weight_bars
+
+    quiet_weight_bars()  # no "Loading weights" bar in our commands' output
     tokenizer = _tokenizer_from(source, name)
     torch_dtype = _resolve_dtype(dtype, device)
     try:

@@ -52,8 +52,11 @@ VLLM_TOOL_PARSERS = {"hermes": "hermes", "llama3-json": "llama3_json"}
 
 
 def find_checkpoint(source: str | Path) -> Path:
-    """The checkpoint to export: `source` itself, or a run directory's newest complete one."""
+    """The checkpoint to export: `source` itself, or a run directory's newest complete one (also
+    when given as its `checkpoints/latest` pointer)."""
     path = Path(source)
+    if path.is_file() and path.name == ckpt.LATEST and path.parent.name == "checkpoints":
+        path = path.parent.parent
     if (path / ckpt.STATE_FILE).is_file():
         return path
     if (path / "checkpoints").is_dir():
