@@ -737,7 +737,7 @@ def _internal_error(exc: Exception, argv: list[str]) -> int:
 def run(args: list[str] | None = None) -> int:
     """Run the command line `args` (default: sys.argv[1:]) and return its exit code (docs/getting-started.md, "Exit codes").
 
-    Usage errors keep typer's usage panel; every other failure is one line on stderr: a
+    Usage errors keep click's usage line and message; every other failure is one line on stderr: a
     SearchRLError's message, an OSError's path and reason (a file that exists, a folder given for
     a file), or for a bug the exception with the path of its saved traceback.
     """

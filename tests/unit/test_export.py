@@ -272,3 +272,16 @@ def test_export_on_the_vllm_backend_continues_as_the_checkpoint(world, tmp_path)
     vllm = RolloutConfig(backend="vllm", greedy=True, vllm={"max_model_len": 512})
     served = greedy(make_backend("vllm", str(out), **vllm.backend_options()))
     assert served == greedy(make_backend("hf", str(latest_checkpoint(run)))) and len(served) > 0
+
+
+def test_the_card_names_the_index_a_temporary_server_served(tmp_path):
+    """The demo trains against its own server at a temporary loopback address: the card names the
+    index the run recorded it served (`run_info.json`), never the address."""
+    from searchrl.card import describe_retrieval
+
+    cfg = load_config(TrainConfig, None, ["model=tiny-random", "retrieval.url=http://127.0.0.1:5555"])
+    (tmp_path / "run_info.json").write_text(json.dumps(
+        {"retrieval": {"url": "http://127.0.0.1:5555", "index": "toyworld", "kind": "bm25", "passages": 3012}}))
+    assert describe_retrieval(cfg, tmp_path) == "the index `toyworld` (bm25, 3,012 passages) (served over HTTP during training)"
+    unrecorded = describe_retrieval(cfg, tmp_path / "elsewhere")
+    assert "127.0.0.1" not in unrecorded and "was not recorded" in unrecorded
