@@ -84,6 +84,8 @@ def test_export_continues_as_the_checkpoint_and_carries_the_protocol(tags_run, t
     assert (asked.profile, asked.rollout.temperature, asked.rollout.top_p, asked.tools) == ("checkpoint", 0.7, 0.9, ["search"])
     question = "Which river flows through Town 5?"
     assert build_protocol(asked, tok).prompt(question) == build_protocol(cfg, tok).prompt(question)
+    # ... and stops where training did: the stop strings live in searchrl.json, not generation_config.json.
+    assert build_protocol(asked, tok).stop_strings() == manifest["stop"] == build_protocol(cfg, tok).stop_strings()
 
     card = (out / "README.md").read_text()
     assert "43.2" in card and "eval-after" in card  # the run's evaluation table
