@@ -18,7 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from searchrl.errors import SearchRLError
-from searchrl.paths import cache_dir
+from searchrl.paths import cache_dir, make_readable
 from searchrl.registry import Registry
 
 DEFAULT_EMBEDDER = "minilm"
@@ -213,7 +213,7 @@ def _prepare_builtin(key: str) -> Path:
         try:
             _BUILDERS.get(key)(tmp)
             (tmp / _MARKER).write_text(_BUILD_VERSION + "\n")
-            tmp.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
+            make_readable(tmp)  # mkdtemp and safetensors make theirs private; the cache may be shared
             if target.exists():  # an incomplete or outdated folder: move aside, then replace
                 old = Path(tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=root))
                 os.rename(target, old / "old")
@@ -233,6 +233,9 @@ def resolve_model(name: str = DEFAULT_MODEL) -> Path | str:
     key = _builtin_key(name)
     if key is not None:
         return _prepare_builtin(key)
+    from searchrl.checkpoint_meta import resolve_trained_model
+
+    name = resolve_trained_model(name)  # a training run or its checkpoints/latest: the newest checkpoint
     path = Path(name).expanduser()
     if path.exists():
         return _model_folder(path)
@@ -345,6 +348,9 @@ def load_model(name: str = DEFAULT_MODEL, device: str = "cpu", dtype=None):
 
     from searchrl.cpu_attention import use_gqa_attention
 
+    from searchrl.compat import quiet_weight_bars
+
+    quiet_weight_bars()  # no "Loading weights" bar in our commands' output
     tokenizer = _tokenizer_from(source, name)
     torch_dtype = _resolve_dtype(dtype, device)
     try:

@@ -8,6 +8,7 @@ needs no protocol flags."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import yaml
@@ -30,6 +31,46 @@ def write_checkpoint_agent(folder: Path, settings: dict) -> None:
     (Path(folder) / AGENT_FILE).write_text(
         "# The protocol and tools this checkpoint was trained with (searchrl reads them back).\n"
         + yaml.safe_dump(settings, sort_keys=False), encoding="utf-8")
+
+
+_STEP = re.compile(r"^step_(\d+)$")
+# What makes a checkpoint folder complete and loadable as a model: its trainer state (written last
+# but for the checksums) and a model (full weights' config.json, or a LoRA adapter's config).
+_STATE_FILES = ("trainer_state.json", "trainer_state.pt")
+_MODEL_FILES = ("config.json", "adapter_config.json")
+
+
+def newest_model_checkpoint(run: Path) -> Path | None:
+    """The newest complete checkpoint of the training run `run` that holds a model (a torchrun
+    checkpoint inside a stage holds shards only); None when there is none."""
+    found = []
+    root = Path(run) / "checkpoints"
+    for path in root.iterdir() if root.is_dir() else []:
+        m = _STEP.match(path.name)
+        if (m and path.is_dir() and any((path / f).is_file() for f in _STATE_FILES)
+                and any((path / f).is_file() for f in _MODEL_FILES)):
+            found.append((int(m.group(1)), path))
+    return max(found)[1] if found else None
+
+
+def resolve_trained_model(model: str) -> str:
+    """`--model` as every command reads it: a training run's folder (`RUN`, holding
+    `checkpoints/`) or its pointer `RUN/checkpoints/latest` means the run's newest complete
+    checkpoint (`RUN/checkpoints/step_XXXX`, returned); anything else (a checkpoint, an export,
+    a built-in name, a hub id) is returned as given. A run without a loadable checkpoint is an
+    error that says so."""
+    path = Path(str(model)).expanduser()
+    if path.is_file() and path.name == "latest" and path.parent.name == "checkpoints":
+        run = path.parent.parent
+    elif path.is_dir() and (path / "checkpoints").is_dir() and not any((path / f).is_file() for f in _MODEL_FILES):
+        run = path
+    else:
+        return model
+    found = newest_model_checkpoint(run)
+    if found is None:
+        raise SearchRLError(f"model {model}: the run {run} has no complete checkpoint with a model under "
+                            f"{run / 'checkpoints'} yet; train it further or give a checkpoint folder")
+    return str(found)
 
 
 def read_checkpoint_agent(path: str | Path) -> dict | None:

@@ -25,7 +25,12 @@ from searchrl.errors import (
     SearchRLError,
 )
 
+# Help as click writes it, not in Rich's panels: Rich's option table cuts option names and help
+# text to fit 80 columns or a pipe ("--web-allow-priv…"), so `--help | grep` missed them; click
+# wraps help text and never cuts a name. Typer's subcommands inherit their app's setting.
+PLAIN = {"rich_markup_mode": None, "context_settings": {"max_content_width": 100}}
 app = typer.Typer(
+    **PLAIN,
     help="Teach language models to search while they reason (R1-Searcher, outcome-based RL).",
     epilog="Exit codes, the same for every command: 0 success; 1 a finding the command exists to report (an alarm in "
     "`health`); 2 bad input or usage (one `error:` line says what to fix); 3 an internal error (one line names the "
@@ -33,13 +38,13 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-data_app = typer.Typer(help="Datasets: the toy world, benchmark loaders, the local corpus, difficulty selection, training-set composition.", no_args_is_help=True)
-index_app = typer.Typer(help="Build and inspect retrieval indexes (BM25, dense FAISS).", no_args_is_help=True)
-eval_app = typer.Typer(help="Evaluate models and score prediction files.", no_args_is_help=True)
+data_app = typer.Typer(**PLAIN, help="Datasets: the toy world, benchmark loaders, the local corpus, difficulty selection, training-set composition.", no_args_is_help=True)
+index_app = typer.Typer(**PLAIN, help="Build and inspect retrieval indexes (BM25, dense FAISS).", no_args_is_help=True)
+eval_app = typer.Typer(**PLAIN, help="Evaluate models and score prediction files.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
 app.add_typer(index_app, name="index")
 app.add_typer(eval_app, name="eval")
-rollout_app = typer.Typer(help="Rollout workers for asynchronous training on other machines.", no_args_is_help=True)
+rollout_app = typer.Typer(**PLAIN, help="Rollout workers for asynchronous training on other machines.", no_args_is_help=True)
 app.add_typer(rollout_app, name="rollout")
 
 err_console = Console(stderr=True)
@@ -51,6 +56,68 @@ PROFILE_HELP = ("profile: the model profile filling the protocol settings not gi
 
 
 # Commands are added below, grouped by sub-app. Keep each body to a few lines.
+
+
+def _version(value: bool) -> None:
+    if value:
+        from searchrl import __version__
+        from searchrl.runinfo import git_commit
+
+        git = git_commit()
+        typer.echo(f"searchrl {__version__}" + (f" (git {git['commit'][:12]}{', modified' if git['dirty'] else ''})" if git else ""))
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print searchrl's version (and git commit) and exit."),
+) -> None:
+    """Teach language models to search while they reason (R1-Searcher, outcome-based RL)."""
+
+
+@app.command("env")
+def env(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
+    """Print searchrl's version, git commit, Python, library versions and devices: paste it into a bug report."""
+    from searchrl.runinfo import env_command
+
+    env_command(as_json)
+
+
+PRINT_CONFIG_HELP = "Print the resolved config (the file, overrides and flags applied, as config.yaml would hold it) and exit."
+
+
+def _print_config(cls_path: str, config: str | None, overrides: list[str], flags: dict | None = None) -> None:
+    """`--print-config`: the config a command would run with, as YAML, then exit 0."""
+    import importlib
+
+    import yaml
+
+    from searchrl.config import flag_overrides, load_config
+
+    module, name = cls_path.split(":")
+    cfg = load_config(getattr(importlib.import_module(module), name), config,
+                      list(overrides) + flag_overrides(flags or {}, overrides))
+    typer.echo(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), nl=False)
+    raise typer.Exit()
+
+
+def recipe_line(path: Path) -> str:
+    """What a packaged recipe is, from its file's first comment line: that line, or where it runs
+    on into the next one, its words up to the last `:`, `;` or `,` (a whole clause)."""
+    first = next((ln.lstrip("#").strip() for ln in path.read_text(encoding="utf-8").splitlines() if ln.startswith("#")), "")
+    if first.endswith((".", ")")):
+        return first
+    cut = max(first.rfind(c) for c in ":;,")
+    return (first[:cut] if cut > len(first) // 3 else first).rstrip() + "."
+
+
+def _recipes_help() -> str:
+    """One paragraph per packaged recipe (src/searchrl/configs/*.yaml): its name and `recipe_line`."""
+    from searchrl.config import CONFIG_DIR
+
+    return "\n\n".join(f"{path.stem}: {recipe_line(path)}" for path in sorted(CONFIG_DIR.glob("*.yaml")))
+
+
 
 
 # --- eval score ---
@@ -155,6 +222,7 @@ def data_select(
     out: str | None = typer.Option(None, "--out", help="Output folder (running again with it resumes)."),
     config: str | None = typer.Option(None, "--config", help="YAML file of SelectConfig fields (configs/data/select-toyworld-cpu.yaml); flags given here win over it."),
     overrides: list[str] | None = typer.Option(None, "--set", help="key=value override of a SelectConfig field, nested with dots: rollout.k=3 (repeatable)."),
+    print_config: bool = typer.Option(False, "--print-config", help=PRINT_CONFIG_HELP),
 ) -> None:
     """Bucket questions Easy / Medium / Difficult by the rollouts a reference model needs to answer them (paper §4.1); resumable."""
     from searchrl.data.select import select_command
@@ -162,6 +230,8 @@ def data_select(
     flags = {"dataset": dataset, "model": model, "rollout.backend": backend, "retrieval.index": index,
              "retrieval.url": retriever_url, "protocol.tags": tags, "protocol.template": template, "profile": profile, "limit": limit,
              "rollouts_per_round": per_round, "max_rollouts": max_rollouts, "metric": metric, "seed": seed, "out": out}
+    if print_config:
+        _print_config("searchrl.data.select_config:SelectConfig", config, overrides or [], flags)
     select_command(config, overrides or [], flags)
 
 
@@ -172,10 +242,13 @@ def data_compose(
     seed: int | None = typer.Option(None, "--seed", help="seed: which questions are drawn and their order (default 0)."),
     config: str | None = typer.Option(None, "--config", help="YAML file of ComposeConfig fields: parts (dataset, count, question_types, sources), seed, shuffle, out."),
     overrides: list[str] | None = typer.Option(None, "--set", help="key=value override of a ComposeConfig field (repeatable)."),
+    print_config: bool = typer.Option(False, "--print-config", help=PRINT_CONFIG_HELP),
 ) -> None:
     """Compose a training set from buckets and sources in given counts (paper: Stage 1 = 200 HotpotQA + 150 2Wiki Medium)."""
     from searchrl.data.compose import compose_command
 
+    if print_config:
+        _print_config("searchrl.data.compose:ComposeConfig", config, overrides or [], {"out": out, "seed": seed})
     compose_command(config, overrides or [], take or [], {"out": out, "seed": seed})
 
 
@@ -194,7 +267,7 @@ def eval_retrieval(
 
 
 # --- models ---
-model_app = typer.Typer(help="Policy models: prepare the offline built-ins once.", no_args_is_help=True)
+model_app = typer.Typer(**PLAIN, help="Policy models: prepare the offline built-ins once.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 
 
@@ -359,6 +432,7 @@ def eval_run(
     as_json: bool = typer.Option(False, "--json", help="Print metrics as one JSON object (no progress bar, no table)."),
     resume: str | None = typer.Option(None, "--resume", help="Output folder of a stopped run: keep its predictions, answer the rest with its config.yaml (flags may not change it)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Start over in an --out folder that holds a run (its predictions are lost); without it such a folder is refused."),
+    print_config: bool = typer.Option(False, "--print-config", help=PRINT_CONFIG_HELP),
 ) -> None:
     """Evaluate a model on a dataset (agent | rag | direct); write predictions and metrics."""
     from searchrl.eval.run import eval_command
@@ -371,6 +445,9 @@ def eval_run(
              "rollout.max_searches": max_searches, "rollout.max_new_tokens": max_new_tokens,
              "answer_max_new_tokens": answer_max_new_tokens, "rollout.batch_size": batch_size,
              "dump_tokens": dump_tokens, "out": out, "profile": profile, **_tool_flags(fmt, tools, chat_template)}
+    if print_config:
+        _print_config("searchrl.eval.config:EvalConfig", config or (str(Path(resume) / "config.yaml") if resume else None),
+                      overrides or [], flags)
     eval_command(config, overrides or [], flags, as_json, resume, overwrite)
 
 
@@ -449,6 +526,7 @@ def eval_report(
     out: str | None = typer.Option(None, "--out", help="Report folder (default runs/report): runs/, report.md, plots/. Rerunning keeps finished runs."),
     config: str | None = typer.Option(None, "--config", help="YAML file of ReportConfig fields; flags given here win over it."),
     overrides: list[str] | None = typer.Option(None, "--set", help="key=value override of a ReportConfig field, e.g. require_think=false (repeatable)."),
+    print_config: bool = typer.Option(False, "--print-config", help=PRINT_CONFIG_HELP),
 ) -> None:
     """Evaluate a model on the real benchmarks of the local corpus (direct, rag, agent x BM25, dense): tables and charts beside the paper's figures."""
     from searchrl.eval.report import report_command
@@ -457,6 +535,8 @@ def eval_report(
              "limit": limit, "rollout.backend": backend, "protocol.tags": tags, "protocol.template": template,
              "profile": profile, "rollout.k": k, "rollout.max_searches": max_searches, "rollout.max_new_tokens": max_new_tokens,
              "rollout.batch_size": batch_size, "judge.url": judge_url, "judge.model": judge_model, "out": out}
+    if print_config:
+        _print_config("searchrl.eval.report_config:ReportConfig", config, overrides or [], flags)
     report_command(config, overrides or [], flags)
 
 
@@ -484,6 +564,7 @@ def ask(
     seed: int | None = typer.Option(None, "--seed", help="rollout.seed: sampling seed (with --sample)."),
     config: str | None = typer.Option(None, "--config", help="YAML file of AskConfig fields (model, protocol, rollout, retrieval); flags given here win over it."),
     as_json: bool = typer.Option(False, "--json", help="Print the whole trajectory as JSON instead of the live view."),
+    print_config: bool = typer.Option(False, "--print-config", help=PRINT_CONFIG_HELP),
 ) -> None:
     """Answer one question, showing live how the model thinks, searches and answers."""
     from searchrl.ask import ask_command
@@ -495,21 +576,29 @@ def ask(
              "rollout.max_searches": max_searches, "rollout.max_new_tokens": max_new_tokens,
              "rollout.greedy": False if sample else None, "rollout.seed": seed, "profile": profile,
              **_tool_flags(fmt, tools, chat_template)}
+    if print_config:
+        _print_config("searchrl.ask:AskConfig", config, [], flags)
     ask_command(question, config, flags, as_json)
 
 
 # --- training ---
-@app.command(context_settings={"allow_extra_args": False})
+@app.command(context_settings={"allow_extra_args": False}, help=(
+    "Two-stage outcome-based RL (R1-Searcher): Stage 1 learns to search, Stage 2 to use results.\n\n"
+    "Packaged recipes (--config NAME):\n\n" + _recipes_help()))
 def train(
     overrides: list[str] = typer.Argument(None, help="key=value overrides of TrainConfig fields, e.g. stage1.steps=8 algorithm.lr=5e-5."),
-    config: str | None = typer.Option(None, "--config", help="YAML file of TrainConfig fields, or a packaged recipe by name (demo-cpu, multihop-cpu)."),
+    config: str | None = typer.Option(None, "--config", help="YAML file of TrainConfig fields, or a packaged recipe by name (listed above)."),
     stage: int | None = typer.Option(None, "--stage", min=1, max=2, help="Run only this stage (2 alone: set model= to a Stage-1 checkpoint). Default: both."),
     resume: str | None = typer.Option(None, "--resume", help="Run directory to continue from its newest complete checkpoint (uses its config.yaml)."),
     out: str | None = typer.Option(None, "--out", help="Run directory (default: the config's `out`, else runs/train-TIMESTAMP)."),
     trust_unverified: bool = typer.Option(False, "--trust-unverified", help="With --resume: accept a checkpoint whose files cannot be checked (no checksums.json, or an older searchrl's trainer_state.pt). Only for run directories you trust."),
+    print_config: bool = typer.Option(False, "--print-config", help=PRINT_CONFIG_HELP),
 ) -> None:
-    """Two-stage outcome-based RL (R1-Searcher): Stage 1 learns to search, Stage 2 to use results."""
     from searchrl.rl.trainer import train_command
+
+    if print_config:
+        _print_config("searchrl.rl.config:TrainConfig", config or (str(Path(resume) / "config.yaml") if resume else None),
+                      list(overrides or []), {"out": out})
 
     train_command(config, list(overrides or []), stage, resume, out, trust_unverified)
 
@@ -560,11 +649,13 @@ def export_model(
     adapter: bool = typer.Option(False, "--adapter/--merge-lora", help="LoRA runs: save the adapter alone (load it with peft) instead of merging it into the base weights (default)."),
     evals: list[str] | None = typer.Option(None, "--eval", help="Folder written by `searchrl eval run --out` whose table goes into the card (repeatable); a demo's evaluations are found by themselves."),
     push_to_hub: str | None = typer.Option(None, "--push-to-hub", help="Also upload the folder to this Hugging Face Hub repo (user/name; created if missing, needs `hf auth login`)."),
+    dtype: str = typer.Option("float32", "--dtype", help="Dtype of the saved weights: float32 (as trained, default), bfloat16 (half the size) or float16."),
+    license: str | None = typer.Option(None, "--license", help="The card's license (a Hub license id, e.g. apache-2.0); default the base model's where known, else unknown."),
 ) -> None:
     """Export a trained policy as a Hugging Face model folder with a model card, ready for transformers, vLLM and `searchrl ask`."""
     from searchrl.export import export_command
 
-    export_command(source, out, adapter, evals or [], push_to_hub)
+    export_command(source, out, adapter, evals or [], push_to_hub, dtype, license)
 
 
 # --- demo ---
@@ -576,9 +667,13 @@ def demo(
     do_train: bool = typer.Option(True, "--train/--no-train", help="Train Stage 1 and Stage 2, then evaluate again; --no-train stops after evaluating the untrained model."),
     resume: bool = typer.Option(False, "--resume", help="Continue a stopped demo in --out: finished evaluations kept, training resumed from its newest checkpoint."),
     overrides: list[str] = typer.Argument(None, help="key=value overrides of the training config, e.g. stage1.steps=4."),
+    print_config: bool = typer.Option(False, "--print-config", help="Print the resolved training config (the recipe with the overrides; the demo then points its retrieval at its own server) and exit."),
 ) -> None:
     """The method on the embedded default: toy world, index, server, evaluation, two-stage training, evaluation again, report."""
     from searchrl.demo import DemoConfig, run_demo
+
+    if print_config:
+        _print_config("searchrl.rl.config:TrainConfig", config, list(overrides or []))
 
     run_demo(DemoConfig(out=out, train_config=config, eval_limit=eval_limit, train=do_train, resume=resume), overrides or [])
 
@@ -642,12 +737,15 @@ def _internal_error(exc: Exception, argv: list[str]) -> int:
 def run(args: list[str] | None = None) -> int:
     """Run the command line `args` (default: sys.argv[1:]) and return its exit code (docs/getting-started.md, "Exit codes").
 
-    Usage errors keep typer's usage panel; every other failure is one line on stderr: a
+    Usage errors keep click's usage line and message; every other failure is one line on stderr: a
     SearchRLError's message, an OSError's path and reason (a file that exists, a folder given for
     a file), or for a bug the exception with the path of its saved traceback.
     """
+    from searchrl.runinfo import start_invocation
+
     warnings.formatwarning = _format_warning
     argv = sys.argv[1:] if args is None else args
+    start_invocation(argv)  # what the run folders it writes record (run_info.json)
     try:
         app(args=argv)  # typer ends every command with SystemExit, usage errors and --help included
     except SystemExit as exc:

@@ -66,3 +66,25 @@ def checkpointing_layers(model) -> list[torch.nn.Module]:
     from transformers.modeling_layers import GradientCheckpointingLayer
 
     return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+
+
+# transformers' own bars over a model already on disk: noise in every command's output (a model
+# download keeps huggingface_hub's bar, which is not one of these).
+QUIET_BARS = ("Loading weights", "Writing model shards", "Loading checkpoint shards")
+
+
+def quiet_weight_bars() -> None:
+    """Silence transformers' "Loading weights" and "Writing model shards" bars (5.x, through its
+    tqdm hook; versions without the hook show them)."""
+    from transformers.utils import logging as hf_logging
+
+    set_hook = getattr(hf_logging, "set_tqdm_hook", None)
+    empty = getattr(hf_logging, "EmptyTqdm", None)
+    if set_hook is None or empty is None or getattr(hf_logging, "_searchrl_quiet", False):
+        return
+
+    def hook(factory, args, kwargs):
+        return empty(*args, **kwargs) if kwargs.get("desc") in QUIET_BARS else factory(*args, **kwargs)
+
+    set_hook(hook)
+    hf_logging._searchrl_quiet = True

@@ -147,8 +147,19 @@ def load_config(cls: type[C], path: str | Path | None = None, overrides: list[st
         return cls.model_validate(data)
     except ValidationError as exc:
         where = f" in {path}" if path else ""
-        lines = [f"  {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
-        raise SearchRLError(f"invalid {cls.__name__}{where}:\n" + "\n".join(lines)) from None
+        raise SearchRLError(f"invalid {cls.__name__}{where}:\n" + "\n".join(validation_lines(exc))) from None
+
+
+def validation_lines(exc: ValidationError) -> list[str]:
+    """One line per problem of a pydantic error, for people: `  key: message`, or the message
+    alone when the whole config is at fault (a model validator: pydantic's `loc` is empty), without
+    pydantic's "Value error, " prefix."""
+    lines = []
+    for e in exc.errors():
+        msg = str(e["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        key = ".".join(map(str, e["loc"]))
+        lines.append(f"  {key}: {msg}" if key else f"  {msg}")
+    return lines
 
 
 def dump_config(cfg: StrictModel, path: str | Path) -> None:

@@ -20,6 +20,7 @@ from pydantic import Field
 from rich.console import Console
 
 from searchrl import metric_names as mn
+from searchrl import runinfo
 from searchrl.config import StrictModel, load_config
 from searchrl.errors import SearchRLError
 
@@ -233,10 +234,28 @@ def report_markdown(eval_dirs: Sequence[Path], summary: dict, plots: Sequence[Pa
     return "\n".join(lines)
 
 
+def _size(retriever) -> int | None:
+    try:
+        return len(retriever)
+    except TypeError:
+        return None
+
+
 def run_demo(cfg: DemoConfig, overrides: Sequence[str] = ()) -> Path:
-    """Run the demo; `overrides` are key=value pairs for the training config. Returns OUT."""
-    from searchrl.data.catalog import load_dataset
+    """Run the demo; `overrides` are key=value pairs for the training config. Returns OUT
+    (recorded: `run_info.json`, `console.log`)."""
+    started = time.perf_counter()
+    check_out(cfg)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    runinfo.note_overrides(list(overrides))
+    with runinfo.recorded_run(out, "demo", extra={"demo": cfg.model_dump(mode="json")}):
+        return _run_demo(cfg, overrides, out, started)
+
+
+def _run_demo(cfg: DemoConfig, overrides: Sequence[str], out: Path, started: float) -> Path:
     from searchrl.agent import load_backend
+    from searchrl.data.catalog import load_dataset
     from searchrl.eval.plots import plot_run
     from searchrl.retrieval import open_retriever
     from searchrl.retrieval.server import serve_in_background
@@ -245,10 +264,6 @@ def run_demo(cfg: DemoConfig, overrides: Sequence[str] = ()) -> Path:
     from searchrl.rl.trainer import train
     from searchrl.runlog import read_metrics
 
-    started = time.perf_counter()
-    check_out(cfg)
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
     train_cfg = load_config(TrainConfig, cfg.train_config, list(overrides))
     index_name = train_cfg.retrieval.index or "toyworld"
 
@@ -260,6 +275,8 @@ def run_demo(cfg: DemoConfig, overrides: Sequence[str] = ()) -> Path:
     console.rule("2. retrieval server")
     with serve_in_background(retriever) as url:
         console.print(f"serving {index_name!r} at {url} (POST /search, /queries, /retrieve; GET /health)")
+        runinfo.note_served(url, {"index": index_name, "kind": getattr(retriever, "kind", None),
+                                  "passages": _size(retriever)})
         served = train_cfg.retrieval.model_copy(update={"index": None, "url": url})
         # SFT's gold trajectories list the index's passages, which a server cannot: an SFT recipe
         # (configs/sft-demo-cpu.yaml) trains on the local index; evaluation still goes through the server.

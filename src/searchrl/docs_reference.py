@@ -142,7 +142,8 @@ def cli_page() -> str:
     out = ["# Command line", "", CLI_INTRO, ""]
     for path, cmd in commands():
         level = "#" * (2 if path.count(" ") <= 1 else 3)
-        out += [f"{level} `{path}`", "", text(inspect.cleandoc(cmd.help or "")), ""]
+        paragraphs = inspect.cleandoc(cmd.help or "").split("\n\n")  # `train` lists its recipes one a paragraph
+        out += [f"{level} `{path}`", "", "\n\n".join(text(p) for p in paragraphs), ""]
         if hasattr(cmd, "commands"):
             rows = [(code(f"{path} {n}"), text((c.help or "").split("\n")[0])) for n, c in sorted(cmd.commands.items())]
             out += _table(("command", "what it does"), rows)

@@ -1,15 +1,19 @@
 """`searchrl export RUN_OR_CHECKPOINT --out DIR`: a trained policy as a standard Hugging Face model
 folder that serves the way it was trained (docs/guides/export.md).
 
-The folder holds safetensors weights (LoRA merged, or the adapter alone with `adapter=True`), the
-tokenizer with the chat template the run rendered (a native tool-call run's, e.g. our
-hermes-fallback, so vLLM's server and transformers render tools as training did), a
-`generation_config.json` with the protocol's stop strings and the run's sampling settings,
-`searchrl.json` (protocol, tools, stop strings, sampling: what `ask`, `eval run` and the other
-commands read back for `--model DIR`, see `searchrl.checkpoint_meta`) and a model card, `README.md`.
+The folder holds safetensors weights (LoRA merged, or the adapter alone with `adapter=True`; float32
+as trained, or `dtype`), the tokenizer with the chat template of the prompt the run was trained
+with (a native tool-call run's, e.g. our hermes-fallback, so vLLM's server and transformers render
+tools as training did; a tag run's trained prompt, `searchrl.export_chat`), a
+`generation_config.json` with the run's sampling settings and end-of-turn tokens, `searchrl.json`
+(protocol, tools, stop strings, sampling: what `ask`, `eval run` and the other commands read back
+for `--model DIR`, see `searchrl.checkpoint_meta`) and a model card, `README.md`.
 
-The folder is written under a hidden temp name and renamed into place, so a folder named DIR is
-always complete.
+The stop strings are in `searchrl.json` and the card, not in `generation_config.json`: there
+transformers refuses every `generate()` and `pipeline()` call made without the tokenizer.
+
+The folder is written under a hidden temp name, its modes made those of the umask (safetensors
+writes 0600), and renamed into place, so a folder named DIR is always complete and readable.
 """
 
 from __future__ import annotations
@@ -31,6 +35,13 @@ from searchrl.checkpoint_meta import (
 )
 from searchrl.data.types import Passage
 from searchrl.errors import SearchRLError
+from searchrl.export_chat import (
+    TEMPLATE_BASE,
+    TEMPLATE_NATIVE,
+    TEMPLATE_TRAINED,
+    trained_prompt_template,
+)
+from searchrl.paths import make_readable
 from searchrl.prompts import resolve_template
 from searchrl.rl import checkpoint as ckpt
 
@@ -41,8 +52,11 @@ VLLM_TOOL_PARSERS = {"hermes": "hermes", "llama3-json": "llama3_json"}
 
 
 def find_checkpoint(source: str | Path) -> Path:
-    """The checkpoint to export: `source` itself, or a run directory's newest complete one."""
+    """The checkpoint to export: `source` itself, or a run directory's newest complete one (also
+    when given as its `checkpoints/latest` pointer)."""
     path = Path(source)
+    if path.is_file() and path.name == ckpt.LATEST and path.parent.name == "checkpoints":
+        path = path.parent.parent
     if (path / ckpt.STATE_FILE).is_file():
         return path
     if (path / "checkpoints").is_dir():
@@ -75,16 +89,25 @@ def run_config(checkpoint: Path):
     return cfg.model_copy(update={"protocol": cfg.protocol.model_validate(agent["protocol"]), "tools": agent["tools"]}) if agent else cfg
 
 
-def _load_weights(checkpoint: Path, cfg, adapter: bool):
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _load_weights(checkpoint: Path, cfg, adapter: bool, dtype: str = "float32"):
     """(model to save, tokenizer): the checkpoint's full weights, its LoRA adapter merged into the
-    run's base model, or (`adapter`) the PeftModel whose `save_pretrained` writes the adapter alone."""
+    run's base model, or (`adapter`) the PeftModel whose `save_pretrained` writes the adapter alone;
+    loaded in float32 (a merge is exact there) and cast to `dtype`."""
+    import torch
+
     from searchrl.assets import load_model
 
+    if dtype not in DTYPES:
+        raise SearchRLError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     if not (checkpoint / "adapter_config.json").is_file():
         if adapter:
             raise SearchRLError(f"--adapter: checkpoint {checkpoint} holds full weights (the run trained without LoRA); "
                                 "export it without --adapter")
-        return load_model(str(checkpoint), dtype="float32")
+        model, tokenizer = load_model(str(checkpoint), dtype="float32")
+        return model.to(getattr(torch, dtype)), tokenizer
     from transformers import AutoTokenizer
 
     from searchrl.rl.policy import _require_peft
@@ -92,13 +115,15 @@ def _load_weights(checkpoint: Path, cfg, adapter: bool):
     base, _ = load_model(cfg.model, dtype="float32")
     model = _require_peft().PeftModel.from_pretrained(base, str(checkpoint))
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)  # saved beside the adapter: the one training used
-    return (model if adapter else model.merge_and_unload()), tokenizer
+    return (model if adapter else model.merge_and_unload()).to(getattr(torch, dtype)), tokenizer
 
 
-def _served_protocol(cfg, tokenizer) -> tuple[dict, list[str], object]:
-    """(the protocol's config as the export records it, its stop strings, the built protocol).
-    A native run's chat template is bound to the tokenizer, so the export's own template is the
-    one the run rendered and the manifest names none."""
+def _served_protocol(cfg, tokenizer) -> tuple[dict, list[str], object, str]:
+    """(the protocol's config as the export records it, its stop strings, the built protocol,
+    whose chat template the tokenizer now carries: `searchrl.export_chat`). A native run's chat
+    template is bound to the tokenizer, so the export's own template is the one the run rendered
+    and the manifest names none; a tag run's is its trained prompt where that is fixed text
+    around the question, else the base model's stays."""
     from searchrl.agent import AgentConfig, build_protocol
 
     protocol = build_protocol(AgentConfig(model=cfg.model, protocol=cfg.protocol, tools=cfg.tools), tokenizer)
@@ -106,22 +131,35 @@ def _served_protocol(cfg, tokenizer) -> tuple[dict, list[str], object]:
     if cfg.protocol.format == "tool-calls":
         tokenizer.chat_template = protocol.chat.template
         recorded.update(chat_template=None, call_format=protocol.chat.format.name)
-    return recorded, protocol.stop_strings(), protocol
+        return recorded, protocol.stop_strings(), protocol, TEMPLATE_NATIVE
+    about = f"tags {cfg.protocol.tags}, template {Path(str(cfg.protocol.template)).name}"
+    template = trained_prompt_template(protocol, tokenizer, about)
+    if template is not None:
+        tokenizer.chat_template = template
+    return recorded, protocol.stop_strings(), protocol, TEMPLATE_TRAINED if template is not None else TEMPLATE_BASE
 
 
 def export(source: str | Path, out: str | Path, *, adapter: bool = False, evals: Sequence[str | Path] = (),
-           repo: str | None = None) -> Path:
+           repo: str | None = None, dtype: str = "float32", license: str | None = None) -> Path:
     """Export the checkpoint `source` names (a run: its newest) into the new folder `out`;
     `evals`: evaluation folders (`eval run --out`) for the card besides the ones found beside the run;
-    `repo`: the Hub repo it will be uploaded to (the name the card's examples load)."""
+    `repo`: the Hub repo it will be uploaded to (the name the card's title and examples use, else
+    the folder's name); `dtype`: of the saved weights; `license`: the card's (default: the base
+    model's, where known)."""
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise SearchRLError(f"--out {out} already exists and is not an empty folder; choose another --out or remove it")
     checkpoint = find_checkpoint(source)
     run = run_dir_of(checkpoint)
     cfg, evals = run_config(checkpoint), eval_dirs(run, evals)  # before the weights: a bad input fails at once
-    model, tokenizer = _load_weights(checkpoint, cfg, adapter)
-    recorded, stops, protocol = _served_protocol(cfg, tokenizer)
+    model, tokenizer = _load_weights(checkpoint, cfg, adapter, dtype)
+    examples = None
+    if cfg.protocol.format == "tags":  # before the tokenizer carries the trained prompt as its chat template
+        from searchrl.agent import AgentConfig, build_protocol
+
+        trained = build_protocol(AgentConfig(model=cfg.model, protocol=cfg.protocol, tools=cfg.tools), tokenizer)
+        examples = (trained.prompt(EXAMPLE_QUESTION, tokenizer), trained.format_documents(EXAMPLE_PASSAGES))
+    recorded, stops, protocol, chat = _served_protocol(cfg, tokenizer)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
@@ -129,21 +167,19 @@ def export(source: str | Path, out: str | Path, *, adapter: bool = False, evals:
         model.save_pretrained(tmp)  # safetensors; with `adapter`, the adapter's files alone
         tokenizer.save_pretrained(tmp)
         _generation_config(model, tokenizer, cfg, stops, protocol).save_pretrained(tmp)
-        examples = None
-        if cfg.protocol.format == "tags":
-            examples = (protocol.prompt(EXAMPLE_QUESTION, tokenizer), protocol.format_documents(EXAMPLE_PASSAGES))
-            if isinstance(resolve_template(recorded["template"]), Path):  # the run's own file travels along
-                shutil.copyfile(recorded["template"], tmp / PROMPT_FILE)
-                recorded["template"] = PROMPT_FILE
+        if cfg.protocol.format == "tags" and isinstance(resolve_template(recorded["template"]), Path):
+            shutil.copyfile(recorded["template"], tmp / PROMPT_FILE)  # the run's own file travels along
+            recorded["template"] = PROMPT_FILE
         state = json.loads((checkpoint / ckpt.STATE_FILE).read_text(encoding="utf-8"))
         manifest = {"version": EXPORT_VERSION, "base_model": cfg.model, "checkpoint": str(checkpoint),
-                    "step": state["step"], "weights": "adapter" if adapter else "full", "protocol": recorded,
-                    "tools": cfg.tools, "stop": stops,
+                    "step": state["step"], "weights": "adapter" if adapter else "full", "dtype": dtype,
+                    "protocol": recorded, "tools": cfg.tools, "stop": stops, "chat_template": chat,
                     "sampling": {"temperature": cfg.rollout.temperature, "top_p": cfg.rollout.top_p},
                     "vllm_tool_call_parser": VLLM_TOOL_PARSERS.get(recorded["call_format"])}
         (tmp / EXPORT_FILE).write_text(json.dumps(manifest, indent=1) + "\n")
-        (tmp / "README.md").write_text(model_card(manifest, cfg, run, evals, repo or str(out), examples))
-        tmp.chmod(0o755)
+        card = model_card(manifest, cfg, run, evals, repo or out.name, examples, license=license)
+        (tmp / "README.md").write_text(card)
+        make_readable(tmp)  # safetensors and mkdtemp make theirs private: 0644 / 0755 under umask 022
         if out.exists():  # an empty folder
             out.rmdir()
         os.rename(tmp, out)
@@ -154,18 +190,18 @@ def export(source: str | Path, out: str | Path, *, adapter: bool = False, evals:
 
 
 def _generation_config(model, tokenizer, cfg, stops: list[str], protocol):
-    """The model's generation config with the run's sampling and the protocol's stops: every
-    end-of-turn token of a native chat is an EOS id (servers stop there by themselves); a tag
-    protocol's stop strings are there for `generate(..., tokenizer=tok)` (transformers refuses
-    stop strings without the tokenizer, so a native export, whose stops are tokens, sets none)."""
+    """The model's generation config with the run's sampling and the protocol's token stops: every
+    end-of-turn token of a native chat is an EOS id (servers stop there by themselves). A tag
+    protocol's stop strings are not set here: transformers refuses every `generate()` (and
+    `pipeline()`) call without `tokenizer=` when the config holds any; `searchrl.json` and the
+    card carry them, and our own commands stop there."""
     from transformers import GenerationConfig
 
     gen = getattr(model, "generation_config", None) or GenerationConfig.from_model_config(model.config)
+    gen.stop_strings = None
     eos = gen.eos_token_id if isinstance(gen.eos_token_id, list) else [gen.eos_token_id]
     if cfg.protocol.format == "tool-calls":
         eos = eos + list(protocol.chat.stop_ids)
-    else:
-        gen.stop_strings = stops
     ids = sorted({i for i in eos if i is not None})
     gen.eos_token_id = ids[0] if len(ids) == 1 else ids
     gen.pad_token_id = tokenizer.pad_token_id
@@ -204,11 +240,16 @@ def push_to_hub(folder: Path, repo: str) -> str:
     return str(getattr(info, "commit_url", None) or f"{constants.ENDPOINT}/{repo}")
 
 
-def export_command(source: str, out: str, adapter: bool, evals: Sequence[str], repo: str | None) -> None:
+def export_command(source: str, out: str, adapter: bool, evals: Sequence[str], repo: str | None,
+                   dtype: str = "float32", license: str | None = None) -> None:
     """`searchrl export`: write the folder, print what it holds, upload it if asked."""
-    folder = export(source, out, adapter=adapter, evals=evals, repo=repo)
+    folder = export(source, out, adapter=adapter, evals=evals, repo=repo, dtype=dtype, license=license)
     manifest = read_export(folder)
     print(f"exported step {manifest['step']} of {manifest['checkpoint']} to {folder} "
-          f"({'LoRA adapter' if adapter else 'full weights'}; protocol {manifest['protocol']['format']}; model card README.md)")
+          f"({'LoRA adapter' if adapter else 'full weights'}, {dtype}; protocol {manifest['protocol']['format']}; "
+          f"model card README.md)")
+    if manifest["chat_template"] == TEMPLATE_BASE:
+        print("note: its chat template is the base model's, not the prompt it was trained with: chat completions "
+              "build a prompt it never saw (the card says how to prompt it)")
     if repo is not None:
         print(f"uploaded to {push_to_hub(folder, repo)}")

@@ -42,3 +42,30 @@ def shared_data() -> Path:
             "Set SEARCHRL_DATA=/path/to/data to point at it."
         )
     return found
+
+
+def current_umask() -> int:
+    """The process's file-creation mask, read without changing it where Linux tells it
+    (/proc/self/status), else by setting and restoring it."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def make_readable(folder: Path) -> None:
+    """Give `folder` and everything under it the modes a plain `open`/`mkdir` would under the
+    umask (0644 files, 0755 folders under umask 022). safetensors and `tempfile.mkdtemp` create
+    theirs private (0600, 0700), which teammates on a shared disk cannot read; checkpoints and
+    exports are written in a temp folder, so this runs before their rename into place."""
+    mask = current_umask()
+    folder = Path(folder)
+    for path in [folder, *folder.rglob("*")]:
+        if path.is_symlink():
+            continue
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)

@@ -182,7 +182,13 @@ def apply_profile(data: dict, default_model: str) -> dict:
     """`data` (a config's raw mapping) with the profile of its model filling what it leaves
     unset, and `profile` set to the chosen profile's name. A section given as a built model
     (a `ProtocolConfig`, a `RolloutConfig`) counts as set in full. A checkpoint's settings that
-    the config sets otherwise are kept as set, with one warning."""
+    the config sets otherwise are kept as set, with one warning. A run folder or its
+    `checkpoints/latest` as `model` becomes the run's newest complete checkpoint
+    (`resolve_trained_model`), the folder the config then records."""
+    from searchrl.checkpoint_meta import resolve_trained_model
+
+    if "model" in data and isinstance(data["model"], str):
+        data = {**data, "model": resolve_trained_model(data["model"])}
     model = str(data.get("model", default_model))
     profile = profile_for(model, str(data.get("profile", "auto")))
     out = {**data, "profile": profile.name}

@@ -308,6 +308,15 @@ def template_turn_end(template: str) -> str | None:
     return _COMPLETION_TURN_END if template in ("base", "fewshot", "oneshot") else None
 
 
+def template_uses_chat(template: str) -> bool:
+    """Whether prompts of this template are rendered through the tokenizer's chat template
+    (`chat`, `fewshot-chat`, a file with a `---user---` line)."""
+    resolved = resolve_template(template)
+    if not isinstance(resolved, Path):
+        return resolved in ("chat", "fewshot-chat")
+    return bool(CHAT_SPLIT.search(resolved.read_text(encoding="utf-8")))
+
+
 def template_opens_think(template: str, tags: TagSet) -> bool:
     """Whether prompts of this template end with the think tag. Built-ins and chat files always do."""
     resolved = resolve_template(template)

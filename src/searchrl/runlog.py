@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 from searchrl import metric_names as mn
@@ -51,6 +52,16 @@ _SUMMARY = (
     (mn.WEB.key("requests"), "web requests", "{:.0f}"),
     (mn.STEP_SECONDS, "s", "{:.1f}"),
 )
+
+
+def format_duration(seconds: float) -> str:
+    """`42s`, `3m05s`, `2h07m`: a duration for a console line."""
+    seconds = max(round(seconds), 0)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -118,10 +129,15 @@ class RunLogger:
     a resumed checkpoint."""
 
     def __init__(self, run_dir: Path, report_to: list[str] = ("tensorboard",), purge_step: int | None = None,
-                 echo: bool = True, config: dict | None = None) -> None:
+                 echo: bool = True, config: dict | None = None, stages: dict[int, tuple[int, int]] | None = None) -> None:
+        """`stages`: stage -> (steps of the run before it, its steps), for the console's
+        "step k/N" and the time left."""
         self.path = Path(run_dir) / METRICS_FILE
         self.echo = echo
         self._trackers = open_trackers(list(report_to), Path(run_dir), config or {}, purge_step)
+        self._stages = dict(stages or {})
+        self._total = max((offset + n for offset, n in self._stages.values()), default=0)
+        self._started, self._logged = time.monotonic(), 0
 
     def log(self, record: dict) -> None:
         with self.path.open("a", encoding="utf-8") as fh:
@@ -131,12 +147,23 @@ class RunLogger:
         values = scalars(record)
         for tracker in self._trackers:
             tracker.log_metrics(values, step)
+        self._logged += 1
         if self.echo:
-            parts = [f"stage {record[mn.STAGE]} step {step}"]
+            parts = [self._where(record[mn.STAGE], step)]
             for key, label, fmt in _SUMMARY:
                 if record.get(key) is not None:
                     parts.append(f"{label} {fmt.format(record[key])}")
             print(" | ".join(parts), file=sys.stderr, flush=True)
+
+    def _where(self, stage: int, step: int) -> str:
+        """"stage 1 step 3/8 (run 3/16, 2m10s left)": the time left from this process's pace so far."""
+        if stage not in self._stages:
+            return f"stage {stage} step {step}"
+        offset, n = self._stages[stage]
+        left = self._total - step
+        pace = (time.monotonic() - self._started) / self._logged
+        eta = f", {format_duration(pace * left)} left" if left > 0 else ", done"
+        return f"stage {stage} step {step - offset}/{n} (run {step}/{self._total}{eta})"
 
     def log_samples(self, step: int, samples: list[dict]) -> None:
         """The step's sampled trajectories (as written to samples/) as a table in each tracker."""

@@ -40,6 +40,7 @@ SLOTS: dict[str, list[str] | None] = {
     "ask": ["What is it?", "--model", "tiny-random", "--index", "{X}"],
     "data compose": ["--take", "{X}", "--out", "{tmp}/composed.jsonl"],
     "data list": None,
+    "env": None,  # no input
     "data localwiki": None,  # only --out: a new folder is valid input (see OUT)
     "data select": ["--dataset", "{X}", "--model", "tiny-random", "--out", "{tmp}/select"],
     "data toyworld": None,  # only --out, as data localwiki

@@ -90,6 +90,12 @@ def test_demo_trains_both_stages_then_reports_before_after_and_curves(tmp_path):
     report = (out / "report.md").read_text()
     assert "Stage 1 (learn to call search)" in report and "Stage 2 (learn to use the results)" in report
     assert "(plots/training_curves.png)" in report and (out / "plots" / "training_curves.png").is_file()
+    # Every folder records its run; training names the index its temporary server served.
+    for folder in (out, out / "train", out / "eval-trained-agent"):
+        assert json.loads((folder / "run_info.json").read_text())["status"] == "finished", folder
+        assert (folder / "console.log").is_file()
+    searched = json.loads((out / "train" / "run_info.json").read_text())["retrieval"]
+    assert searched["index"] == "toyworld" and searched["url"].startswith("http://127.0.0.1:")
 
 
 def test_demo_never_overwrites_an_earlier_demo_and_resume_goes_on_from_it(tmp_path):

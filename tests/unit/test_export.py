@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import socket
+import stat
 from pathlib import Path
 
 import pytest
@@ -71,10 +73,10 @@ def test_export_continues_as_the_checkpoint_and_carries_the_protocol(tags_run, t
     assert _greedy(ours, prompt) == _greedy(theirs, prompt)
 
     gen = GenerationConfig.from_pretrained(out)
-    assert gen.stop_strings == ["<|end_of_query|>", "</answer>"]  # the r1searcher tags' query and answer ends
+    assert gen.stop_strings is None  # transformers refuses stop strings without the tokenizer: plain calls would fail
     assert (gen.temperature, gen.top_p, gen.do_sample) == (0.7, 0.9, True)
     manifest = read_export(out)
-    assert manifest["step"] == 1 and manifest["stop"] == gen.stop_strings
+    assert manifest["step"] == 1 and manifest["stop"] == ["<|end_of_query|>", "</answer>"]  # the r1searcher tags' ends
     assert Path(manifest["protocol"]["template"]) == out / "prompt_template.txt"  # the run's file, carried along
 
     # `ask --model EXPORT` speaks the run's protocol without a flag: the same prompt.
@@ -82,11 +84,82 @@ def test_export_continues_as_the_checkpoint_and_carries_the_protocol(tags_run, t
     assert (asked.profile, asked.rollout.temperature, asked.rollout.top_p, asked.tools) == ("checkpoint", 0.7, 0.9, ["search"])
     question = "Which river flows through Town 5?"
     assert build_protocol(asked, tok).prompt(question) == build_protocol(cfg, tok).prompt(question)
+    # ... and stops where training did: the stop strings live in searchrl.json, not generation_config.json.
+    assert build_protocol(asked, tok).stop_strings() == manifest["stop"] == build_protocol(cfg, tok).stop_strings()
 
     card = (out / "README.md").read_text()
     assert "43.2" in card and "eval-after" in card  # the run's evaluation table
     assert "Stage 1, 1 steps" in card and "arXiv:2503.05592" in card and "`tiny-random`" in card
     assert "vllm serve" in card and "AutoModelForCausalLM" in card
+
+
+def _modes(folder: Path) -> dict[str, int]:
+    return {str(p.relative_to(folder)): stat.S_IMODE(p.stat().st_mode) for p in [folder, *folder.rglob("*")]}
+
+
+def test_export_loads_in_a_pipeline_and_generate_and_is_readable(world, tmp_path):
+    """The done-when of issue 43: a plain `pipeline("text-generation")` and `generate(ids)` work
+    (no stop strings in generation_config.json), the card's front matter has `base_model`, the
+    files are 0644 (folders 0755) under umask 022 in the export and the checkpoint, and greedy
+    tokens from the export equal the checkpoint's."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+
+    old = os.umask(0o022)
+    try:
+        run = _train(world, tmp_path / "run", f"protocol.template={world / 'prompt.txt'}")
+        out = export(run, tmp_path / "export")
+        half = export(run, tmp_path / "half", dtype="bfloat16")
+    finally:
+        os.umask(old)
+    checkpoint = latest_checkpoint(run)
+    for folder in (out, half, checkpoint):
+        modes = _modes(folder)
+        assert {k: oct(v) for k, v in modes.items() if v != (0o755 if (folder / k).is_dir() else 0o644)} == {}, folder
+        assert "model.safetensors" in modes
+
+    model, tok = AutoModelForCausalLM.from_pretrained(out), AutoTokenizer.from_pretrained(out)
+    ids = tok("Q: Which river flows through Town 2?\nA: <think>", return_tensors="pt").input_ids
+    plain = model.generate(ids, max_new_tokens=6, do_sample=False)  # no tokenizer=: it used to raise ValueError
+    theirs, _ = load_model(str(checkpoint))
+    assert plain[0, ids.shape[1]:].tolist() == theirs.generate(ids, max_new_tokens=6, do_sample=False,
+                                                                pad_token_id=tok.pad_token_id)[0, ids.shape[1]:].tolist()
+    generator = pipeline("text-generation", model=str(out))
+    assert generator("Q: Where is Town 1?", max_new_tokens=3)[0]["generated_text"].startswith("Q: Where is Town 1?")
+
+    # The chat template is the prompt it was trained with; a conversation it never saw is refused.
+    cfg = load_config(TrainConfig, run / "config.yaml")
+    question = 'Which river flows through "Town 3"?'
+    trained = build_protocol(cfg, tok).prompt(question)
+    assert tok.apply_chat_template([{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True) == trained
+    assert generator([{"role": "user", "content": question}], max_new_tokens=2)[0]["generated_text"][-1]["role"] == "assistant"
+    with pytest.raises(Exception, match="trained on one prompt, not on chat"):
+        tok.apply_chat_template([{"role": "system", "content": "Be brief."}, {"role": "user", "content": question}], tokenize=False)
+    assert read_export(out)["chat_template"] == "trained-prompt"
+
+    card = (out / "README.md").read_text()
+    front = yaml.safe_load(card.split("---\n")[1])
+    assert (front["base_model"], front["license"], front["pipeline_tag"]) == ("tiny-random", "apache-2.0", "text-generation")
+    assert "searchrl" in front["tags"]
+    assert card.split("---\n", 2)[2].lstrip().startswith("# export\n")  # titled by the model's name
+    assert str(tmp_path.parents[1]) not in card  # no path of the exporting machine
+    assert "the index `index` (bm25, 12 passages)" in card and "## Chat template" in card
+
+    # --dtype bfloat16: half the bytes, and it loads as bfloat16.
+    assert (half / "model.safetensors").stat().st_size < 0.6 * (out / "model.safetensors").stat().st_size
+    assert json.loads((half / "config.json").read_text())["dtype"] == "bfloat16"
+    assert read_export(half)["dtype"] == "bfloat16"
+
+
+def test_chat_based_tag_template_keeps_the_base_chat_template_and_says_so(world, tmp_path):
+    """A tag run whose prompt is rendered through the base model's chat template (`chat`) keeps
+    that template (our commands render through it), and the card says loudly that chat
+    completions do not build the trained prompt."""
+    chatty = tmp_path / "chat.txt"
+    chatty.write_text("Answer with tags.\n---user---\n{question}")
+    run = _train(world, tmp_path / "run", f"protocol.template={chatty}")
+    out = export(run, tmp_path / "export")
+    assert read_export(out)["chat_template"] == "base"
+    assert "## Not a chat model: chat completions do not build its prompt" in (out / "README.md").read_text()
 
 
 def test_eval_run_and_view_read_the_exports_protocol(tags_run, world, tmp_path):
@@ -201,3 +274,16 @@ def test_export_on_the_vllm_backend_continues_as_the_checkpoint(world, tmp_path)
     vllm = RolloutConfig(backend="vllm", greedy=True, vllm={"max_model_len": 512})
     served = greedy(make_backend("vllm", str(out), **vllm.backend_options()))
     assert served == greedy(make_backend("hf", str(latest_checkpoint(run)))) and len(served) > 0
+
+
+def test_the_card_names_the_index_a_temporary_server_served(tmp_path):
+    """The demo trains against its own server at a temporary loopback address: the card names the
+    index the run recorded it served (`run_info.json`), never the address."""
+    from searchrl.card import describe_retrieval
+
+    cfg = load_config(TrainConfig, None, ["model=tiny-random", "retrieval.url=http://127.0.0.1:5555"])
+    (tmp_path / "run_info.json").write_text(json.dumps(
+        {"retrieval": {"url": "http://127.0.0.1:5555", "index": "toyworld", "kind": "bm25", "passages": 3012}}))
+    assert describe_retrieval(cfg, tmp_path) == "the index `toyworld` (bm25, 3,012 passages) (served over HTTP during training)"
+    unrecorded = describe_retrieval(cfg, tmp_path / "elsewhere")
+    assert "127.0.0.1" not in unrecorded and "was not recorded" in unrecorded

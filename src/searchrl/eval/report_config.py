@@ -96,7 +96,7 @@ class ReportConfig(StrictModel):
             return data
         given = {key: data[key] for key in ("model", *AGENT_KEYS) if key in data}
         filled = apply_profile(given, cls.model_fields["model"].default)
-        return {**data, **{key: filled[key] for key in AGENT_KEYS if key in filled}}
+        return {**data, **{key: filled[key] for key in ("model", *AGENT_KEYS) if key in filled}}  # a run: its checkpoint
 
     @model_validator(mode="after")
     def _check(self) -> ReportConfig:

@@ -62,6 +62,7 @@ from searchrl.profiles import announce
 from searchrl.protocol import Protocol
 from searchrl.retrieval.base import Retriever
 from searchrl.retrieval.web.record import RECORD_DIR
+from searchrl.runinfo import recorded_run, retrieval_record
 from searchrl.runlock import RunLock
 from searchrl.tables import Column, print_table
 from searchrl.tags import get_tags
@@ -193,17 +194,24 @@ def run_eval(cfg: EvalConfig, progress: bool = True, backend=None, resume: bool 
             if not overwrite:
                 saved.refuse_existing(out)
             recs, spent = [], {"seconds": 0.0}
-        if len(recs) < len(questions):
-            with _services(cfg, questions, out, backend, fresh=not resume) as services:
-                announce(cfg)  # once the services are up: a config they refuse prints its error alone
-                if not resume:
-                    saved.start_fresh(out)
-                dump_config(cfg, out / "config.yaml")
-                spent = _answer_the_rest(cfg, questions, recs, spent, *services, progress)
-        metrics = summarize(cfg, recs, spent)
-        (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-        (out / "metrics.md").write_text(metrics_markdown(metrics))
-        saved.finish(out)
+        with recorded_run(out, "eval run", extra=retrieval_record(cfg.retrieval)):
+            return _run_in(cfg, questions, out, recs, spent, backend, resume, progress)
+
+
+def _run_in(cfg: EvalConfig, questions: Sequence[Question], out: Path, recs: list[dict], spent: dict, backend, resume: bool,
+            progress: bool) -> dict:
+    """The rest of `run_eval`, in its locked folder, recorded (`run_info.json`, `console.log`)."""
+    if len(recs) < len(questions):
+        with _services(cfg, questions, out, backend, fresh=not resume) as services:
+            announce(cfg)  # once the services are up: a config they refuse prints its error alone
+            if not resume:
+                saved.start_fresh(out)
+            dump_config(cfg, out / "config.yaml")
+            spent = _answer_the_rest(cfg, questions, recs, spent, *services, progress)
+    metrics = summarize(cfg, recs, spent)
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    (out / "metrics.md").write_text(metrics_markdown(metrics))
+    saved.finish(out)
     return metrics
 
 
@@ -273,6 +281,9 @@ def eval_command(config: str | None, overrides: Sequence[str], flags: dict, as_j
 
     if resume is not None and overwrite:
         raise SearchRLError("--resume continues a run and --overwrite starts it over: give one of them")
+    from searchrl.runinfo import note_overrides
+
+    note_overrides(list(overrides) + flag_overrides(flags, overrides))
     if resume is None:
         cfg = load_config(EvalConfig, config, list(overrides) + flag_overrides(flags, overrides))
     else:

@@ -35,6 +35,7 @@ import torch
 
 from searchrl.checkpoint_meta import write_checkpoint_agent
 from searchrl.errors import SearchRLError
+from searchrl.paths import make_readable
 from searchrl.rl.distributed import LOCAL, Dist
 from searchrl.rl.integrity import write_checksums
 
@@ -173,7 +174,7 @@ def save_checkpoint(run_dir: Path, step: int, write: Callable[[Path], None], sta
             if agent is not None:
                 write_checkpoint_agent(tmp, agent)
             write_checksums(tmp)  # last: of every file, the trainer state's too
-            tmp.chmod(0o755)
+            make_readable(tmp)  # safetensors and mkdtemp create private files: 0644 / 0755 under umask 022
             if final.exists():  # the same step saved again after a resume: replace it
                 shutil.rmtree(final)
             os.rename(tmp, final)

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from searchrl import metric_names as mn
+from searchrl import runinfo
 from searchrl.config import dump_config
 from searchrl.errors import SearchRLError
 from searchrl.profiles import announce
@@ -112,6 +113,13 @@ def train(cfg: TrainConfig, resume: Path | None = None, stages: list[int] | None
 
 def _train(cfg: TrainConfig, resume: Path | None, stages: list[int] | None, d: Dist, trust_unverified: bool) -> Path:
     run_dir, state, state_dir = d.broadcast(rundir.open_run(cfg, resume, stages, trust_unverified) if d.main else None)
+    # Once the folder is this run's (open_run refuses another's): run_info.json and console.log.
+    with runinfo.recorded_run(run_dir, "train", device=cfg.device, extra=runinfo.retrieval_record(cfg.retrieval), enabled=d.main):
+        return _train_opened(cfg, stages, d, run_dir, state, state_dir)
+
+
+def _train_opened(cfg: TrainConfig, stages: list[int] | None, d: Dist, run_dir: Path, state: ckpt.TrainerState | None,
+                  state_dir: Path | None) -> Path:
     plan = state.plan if state is not None and stages is None else _stage_plan(cfg, stages)
     _check_world(cfg, plan, d, state, run_dir)
     torch.manual_seed(cfg.seed)
@@ -149,7 +157,8 @@ def _train(cfg: TrainConfig, resume: Path | None, stages: list[int] | None, d: D
     if d.main and sft:  # tool calls: the SFT examples as chat messages, for other trainers
         write_messages(run_dir, worker.engine, sft)
     logger = RunLogger(run_dir, cfg.logging.report_to, purge_step=state.step + 1 if state else None,
-                       echo=cfg.logging.progress, config=cfg.model_dump(mode="json")) if d.main else None
+                       echo=cfg.logging.progress, config=cfg.model_dump(mode="json"),
+                       stages={s: (offsets[s], cfg.stage(s).steps) for s in plan}) if d.main else None
     metrics_lines = state.metrics_lines if state else 0
     watch = HealthWatch(cfg.health, read_metrics(run_dir)) if d.main else None  # a resumed run's windows go on
     try:
@@ -265,7 +274,9 @@ def train_command(config: str | None, overrides: list[str], stage: int | None, r
         config = config or str(run / "config.yaml")
     elif config is None:
         raise SearchRLError("give --config FILE (e.g. configs/demo-cpu.yaml) or --resume RUN_DIR")
-    cfg = load_config(TrainConfig, config, list(overrides) + flag_overrides({"out": out}, overrides))
+    given = list(overrides) + flag_overrides({"out": out}, overrides)
+    runinfo.note_overrides(given)
+    cfg = load_config(TrainConfig, config, given)
     run_dir = train(cfg, Path(resume) if resume else None, [stage] if stage else None, trust_unverified)
     if os.environ.get("RANK", "0") == "0":  # torchrun: rank 0 speaks for the run
         print(f"run directory: {run_dir}  (plot it: searchrl plot {run_dir})", flush=True)
