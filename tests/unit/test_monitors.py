@@ -99,10 +99,10 @@ def test_health_command_reports_the_new_monitors_and_what_it_could_not_judge(tmp
     healthy.mkdir()
     (healthy / "metrics.jsonl").write_text(DEMO.read_text())
     result = CliRunner().invoke(app, ["health", str(healthy)], env={"COLUMNS": "400"})
-    assert result.exit_code == 0 and "healthy (13 steps, 15 monitors; nothing to judge for " in result.output
+    assert result.exit_code == 0 and "healthy (13 steps, 16 monitors; nothing to judge for " in result.output
     out = json.loads(CliRunner().invoke(app, ["health", str(healthy), "--json"]).stdout.splitlines()[-1])
     # The demo asked no comparison question, predates flat_groups and the new metrics, and ran in sync mode.
-    assert out["unjudged"] == ["answer_echo", "flat_groups", "is_ratio_spike", "is_clip", "trainer_idle", "rollout_wait", "think_repetition", "malformed_tags"]
+    assert out["unjudged"] == ["answer_echo", "flat_groups", "is_ratio_spike", "is_clip", "trainer_idle", "rollout_wait", "think_repetition", "malformed_tags", "query_echo"]
 
     records = [{**r, **a} for r, a in zip(_series("is_clip_frac", [0.0, 0.0, 0.1, 0.1, 0.1, 0.1]),
                                           _async([0.2, 0.3, 0.25, 4.0, 9.0, 20.0]))]
