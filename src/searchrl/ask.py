@@ -24,6 +24,7 @@ from searchrl.agent import AgentConfig, build_agent
 from searchrl.data.trajectory import Trajectory
 from searchrl.data.types import Question
 from searchrl.display import visible
+from searchrl.errors import SearchRLError
 from searchrl.profiles import announce
 from searchrl.retrieval import RetrievalConfig
 from searchrl.rollout.backend import (
@@ -168,10 +169,22 @@ def ask(
     (rich) unless `as_json`, which prints the trajectory as one JSON object instead. `backend` may
     be passed to reuse a loaded model; `chunk` is how many tokens appear at a time (the backend
     must match stop strings across calls, as the transformers one does)."""
+    from searchrl.rollout.bounds import check_rollout_fits
+
+    if not question.strip():
+        raise SearchRLError('ask: the question is empty; give the question to answer, e.g. searchrl ask "Which river '
+                            'flows through the capital?"')
     cfg = cfg or AskConfig()
     agent = build_agent(cfg, backend)
-    announce(cfg)  # once the retriever and model are up: a config they refuse prints its error alone
     q = Question("ask", question, ())
+    try:
+        # The bound `eval run` checks (rollout.bounds): a budget past the model's context is refused, not run into it.
+        check_rollout_fits(cfg.rollout, agent.protocol, agent.backend.tokenizer, agent.backend.max_context, [q],
+                           agent.retriever, cfg.retrieval.index)
+    except BaseException:
+        agent.close()
+        raise
+    announce(cfg)  # once the retriever and model are up: a config they refuse prints its error alone
     try:
         if as_json:
             traj = agent.engine.run([q])[0]

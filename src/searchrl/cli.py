@@ -606,12 +606,13 @@ def train(
 @rollout_app.command("serve")
 def rollout_serve(
     overrides: list[str] = typer.Argument(None, help="key=value overrides of the config the trainer sends (its model, profile, protocol, tools, rollout, retrieval, device, dtype and run directory) that hold on this machine only, e.g. device=cuda:1 rollout.worker_cpus=[0,1] retrieval.index=/data/wiki-index."),
-    listen: str = typer.Option(..., "--listen", help="HOST:PORT to wait for trainers on (port 0: a free one, printed). An address other than loopback needs SEARCHRL_WORKER_KEY set, the same as the trainer's."),
+    listen: str = typer.Option(..., "--listen", help="HOST:PORT to wait for trainers on (port 0: a free one, printed). Needs SEARCHRL_WORKER_KEY set, the same secret as the trainer's, unless --insecure-no-key."),
+    insecure_no_key: bool = typer.Option(False, "--insecure-no-key", help="Serve without SEARCHRL_WORKER_KEY, on a loopback address only: any user of this machine can then connect and drive the worker."),
 ) -> None:
     """Run a rollout worker that waits for trainers (rollout.worker_addresses), one at a time: it runs each trainer's config and gets its weights over the connection."""
     from searchrl.rollout.worker_links import serve as serve_rollouts
 
-    serve_rollouts(listen, list(overrides or []))
+    serve_rollouts(listen, list(overrides or []), insecure_no_key)
 
 
 @app.command()
@@ -644,18 +645,19 @@ def health(
 # --- export ---
 @app.command("export")
 def export_model(
-    source: str = typer.Argument(..., help="Run directory of `searchrl train` (its newest checkpoint is exported) or one checkpoint folder (RUN/checkpoints/step_XXXX)."),
+    source: str = typer.Argument(..., help="Run directory of `searchrl train` (its newest intact checkpoint is exported, verified as a resume verifies it) or one checkpoint folder (RUN/checkpoints/step_XXXX)."),
     out: str = typer.Option(..., "--out", help="New folder for the Hugging Face model (weights, tokenizer, chat template, generation config, searchrl.json, README.md card)."),
     adapter: bool = typer.Option(False, "--adapter/--merge-lora", help="LoRA runs: save the adapter alone (load it with peft) instead of merging it into the base weights (default)."),
     evals: list[str] | None = typer.Option(None, "--eval", help="Folder written by `searchrl eval run --out` whose table goes into the card (repeatable); a demo's evaluations are found by themselves."),
     push_to_hub: str | None = typer.Option(None, "--push-to-hub", help="Also upload the folder to this Hugging Face Hub repo (user/name; created if missing, needs `hf auth login`)."),
     dtype: str = typer.Option("float32", "--dtype", help="Dtype of the saved weights: float32 (as trained, default), bfloat16 (half the size) or float16."),
     license: str | None = typer.Option(None, "--license", help="The card's license (a Hub license id, e.g. apache-2.0); default the base model's where known, else unknown."),
+    trust_unverified: bool = typer.Option(False, "--trust-unverified", help="Export a checkpoint whose files cannot be checked (no checksums.json). Only for run directories you trust."),
 ) -> None:
     """Export a trained policy as a Hugging Face model folder with a model card, ready for transformers, vLLM and `searchrl ask`."""
     from searchrl.export import export_command
 
-    export_command(source, out, adapter, evals or [], push_to_hub, dtype, license)
+    export_command(source, out, adapter, evals or [], push_to_hub, dtype, license, trust_unverified)
 
 
 # --- demo ---

@@ -26,14 +26,60 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
 
 
+# Deepest nesting a setting's value or key may have (no config nests past 5), and most values in
+# one (lists and mappings counted, YAML aliases each time they are used): a hostile `--set` or
+# config file is refused in one line instead of exhausting the stack or memory.
+MAX_DEPTH = 64
+MAX_NODES = 100_000
+
+
+def _shown(text: str, limit: int = 80) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+def _brackets_too_deep(text: str) -> bool:
+    """Whether YAML flow text opens more than MAX_DEPTH brackets at once (quotes not skipped: a
+    string holding that many is refused too, which no setting needs). A loop: no recursion."""
+    if text.count("[") + text.count("{") <= MAX_DEPTH:
+        return False
+    depth = 0
+    for c in text:
+        if c in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                return True
+        elif c in "]}":
+            depth = max(depth - 1, 0)
+    return False
+
+
+def check_nesting(value, where: str) -> None:
+    """Refuse a value (parsed YAML) nested deeper than MAX_DEPTH or holding more than MAX_NODES
+    lists, mappings and values, naming `where`. Walked with a stack, never recursion."""
+    stack, seen = [(value, 1)], 0
+    while stack:
+        node, depth = stack.pop()
+        seen += 1
+        if seen > MAX_NODES:
+            raise SearchRLError(f"{where}: holds more than {MAX_NODES:,} values (YAML aliases count each time they are "
+                                "used); no setting does")
+        if isinstance(node, (dict, list)):
+            if depth > MAX_DEPTH:
+                raise SearchRLError(f"{where}: nested more than {MAX_DEPTH} levels deep; no setting is")
+            items = list(node.keys()) + list(node.values()) if isinstance(node, dict) else node
+            stack.extend((item, depth + 1) for item in items)
+
+
 def parse_overrides(pairs: list[str]) -> dict:
     """`["a.b=3", "c=x"]` -> `{"a": {"b": 3}, "c": "x"}`; values are parsed as YAML scalars."""
     tree: dict = {}
     for pair in pairs:
         if "=" not in pair:
-            raise SearchRLError(f"override {pair!r} is not key=value (e.g. stage1.steps=10)")
+            raise SearchRLError(f"override {_shown(pair)} is not key=value (e.g. stage1.steps=10)")
         key, raw = pair.split("=", 1)
         node = tree
+        if key.count(".") >= MAX_DEPTH:
+            raise SearchRLError(f"override {_shown(pair)}: its key has more than {MAX_DEPTH} parts; no setting does")
         *parents, leaf = key.strip().split(".")
         for i, part in enumerate(parents):
             node = node.setdefault(part, {})
@@ -51,13 +97,20 @@ def _override_value(pair: str, raw: str):
     broken YAML is one line saying so (safe_load never runs a tag, but its error is a traceback)."""
     if raw == "":
         return ""
+    where = f"override {_shown(pair)}"
+    if _brackets_too_deep(raw):
+        raise SearchRLError(f"{where}: the value is nested more than {MAX_DEPTH} levels deep; no setting is")
     try:
-        return yaml.safe_load(raw)
+        value = yaml.safe_load(raw)
     except yaml.constructor.ConstructorError:
-        raise SearchRLError(f"override {pair!r}: YAML tags (!!...) are not accepted; quote the value to give it as a string") from None
+        raise SearchRLError(f"{where}: YAML tags (!!...) are not accepted; quote the value to give it as a string") from None
     except yaml.YAMLError as exc:
         problem = getattr(exc, "problem", None) or type(exc).__name__
-        raise SearchRLError(f"override {pair!r}: the value is not valid YAML ({problem}); quote it to give it as a string") from None
+        raise SearchRLError(f"{where}: the value is not valid YAML ({problem}); quote it to give it as a string") from None
+    except RecursionError:  # block-style nesting by indentation
+        raise SearchRLError(f"{where}: the value is nested more than {MAX_DEPTH} levels deep; no setting is") from None
+    check_nesting(value, where)
+    return value
 
 
 def flag_overrides(flags: dict, given: Sequence[str] = ()) -> list[str]:
@@ -108,12 +161,20 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     if path.resolve() in seen:
         raise SearchRLError(f"config file {path} extends itself (via {' -> '.join(map(str, seen))})")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        text = path.read_text()
+        if _brackets_too_deep(text):
+            raise RecursionError
+        data = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
         problem = getattr(exc, "problem", None) or type(exc).__name__
         raise SearchRLError(f"config file {where} is not valid YAML: {problem}") from None
+    except RecursionError:
+        raise SearchRLError(f"config file {path}: nested more than {MAX_DEPTH} levels deep; no setting is") from None
+    except UnicodeDecodeError:
+        raise SearchRLError(f"config file {path} is not UTF-8 text; re-save it as UTF-8") from None
+    check_nesting(data, f"config file {path}")
     if not isinstance(data, dict):
         raise SearchRLError(f"config file {path} must hold a mapping at top level")
     base = data.pop("extends", None)

@@ -23,6 +23,7 @@ from searchrl import metric_names as mn
 from searchrl import runinfo
 from searchrl.config import StrictModel, load_config
 from searchrl.errors import SearchRLError
+from searchrl.runkind import check_kind, claim
 
 console = Console()
 
@@ -53,11 +54,13 @@ def check_out(cfg: DemoConfig) -> None:
     if out.exists() and not out.is_dir():
         raise SearchRLError(f"--out {out} is a file; give a folder for the demo to write into")
     earlier = sorted(p.name for p in (out.iterdir() if out.is_dir() else ()) if p.name == "train" or p.name.startswith("eval-"))
+    check_kind(out, "demo")  # a training run or an evaluation is never written into
     if earlier and not cfg.resume:
         raise SearchRLError(
             f"{out} already holds a demo ({', '.join(earlier)}): continue it with `searchrl demo --resume --out {out}`, "
             "or choose another --out (or remove that folder to start over)"
         )
+    claim(out, "demo")
 
 
 def _evaluate(

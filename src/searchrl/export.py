@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -51,19 +52,37 @@ EXAMPLE_PASSAGES = [Passage("p1", "Velmar", "Velmar is the capital; the river Te
 VLLM_TOOL_PARSERS = {"hermes": "hermes", "llama3-json": "llama3_json"}
 
 
-def find_checkpoint(source: str | Path) -> Path:
-    """The checkpoint to export: `source` itself, or a run directory's newest complete one (also
-    when given as its `checkpoints/latest` pointer)."""
+def find_checkpoint(source: str | Path, trust_unverified: bool = False) -> Path:
+    """The checkpoint to export, verified as a resume verifies it (`rl.rundir`: its checksums
+    cover and match every file it holds, its state loads): `source` itself, or a run directory's
+    newest intact one (newer, damaged ones are skipped with a warning, as a resume skips them, and
+    a line says which is exported). A checkpoint that cannot be verified (no checksums) is refused
+    unless `trust_unverified`."""
+    from searchrl.rl import rundir
+
     path = Path(source)
     if path.is_file() and path.name == ckpt.LATEST and path.parent.name == "checkpoints":
         path = path.parent.parent
     if (path / ckpt.STATE_FILE).is_file():
+        try:
+            rundir.intact_state(path, trust_unverified, action="export")
+        except rundir.UnverifiedCheckpoint:
+            raise
+        except SearchRLError as exc:
+            raise SearchRLError(f"cannot export checkpoint {path}: it is damaged ({exc}); export the run folder to take "
+                                "its newest intact checkpoint, or name an older one") from None
         return path
     if (path / "checkpoints").is_dir():
-        found = ckpt.latest_checkpoint(path)
-        if found is None:
+        if not ckpt.complete_checkpoints(path):
             raise SearchRLError(f"run {path} has no complete checkpoint under {path / 'checkpoints'}: nothing to export")
-        return found
+        newest = ckpt.latest_checkpoint(path)
+        found = rundir.newest_intact_checkpoint(path, trust_unverified, action="export")
+        if found is None:
+            raise SearchRLError(f"run {path} has no intact checkpoint (see the warnings above): nothing to export")
+        if found[0] != newest:
+            print(f"exporting {found[0]}, the newest intact checkpoint of {path} (newer ones are damaged, see above)",
+                  file=sys.stderr, flush=True)
+        return found[0]
     raise SearchRLError(f"{path} is neither a training run (it has no checkpoints/) nor a checkpoint "
                         f"(it has no {ckpt.STATE_FILE}); give e.g. runs/demo/train or runs/demo/train/checkpoints/step_0013")
 
@@ -140,16 +159,18 @@ def _served_protocol(cfg, tokenizer) -> tuple[dict, list[str], object, str]:
 
 
 def export(source: str | Path, out: str | Path, *, adapter: bool = False, evals: Sequence[str | Path] = (),
-           repo: str | None = None, dtype: str = "float32", license: str | None = None) -> Path:
-    """Export the checkpoint `source` names (a run: its newest) into the new folder `out`;
-    `evals`: evaluation folders (`eval run --out`) for the card besides the ones found beside the run;
-    `repo`: the Hub repo it will be uploaded to (the name the card's title and examples use, else
-    the folder's name); `dtype`: of the saved weights; `license`: the card's (default: the base
-    model's, where known)."""
+           repo: str | None = None, dtype: str = "float32", license: str | None = None,
+           trust_unverified: bool = False) -> Path:
+    """Export the checkpoint `source` names (a run: its newest intact one, `find_checkpoint`) into
+    the new folder `out`; `evals`: evaluation folders (`eval run --out`) for the card besides the
+    ones found beside the run; `repo`: the Hub repo it will be uploaded to (the name the card's
+    title and examples use, else the folder's name); `dtype`: of the saved weights; `license`: the
+    card's (default: the base model's, where known); `trust_unverified`: export a checkpoint
+    without checksums."""
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise SearchRLError(f"--out {out} already exists and is not an empty folder; choose another --out or remove it")
-    checkpoint = find_checkpoint(source)
+    checkpoint = find_checkpoint(source, trust_unverified)
     run = run_dir_of(checkpoint)
     cfg, evals = run_config(checkpoint), eval_dirs(run, evals)  # before the weights: a bad input fails at once
     model, tokenizer = _load_weights(checkpoint, cfg, adapter, dtype)
@@ -241,9 +262,10 @@ def push_to_hub(folder: Path, repo: str) -> str:
 
 
 def export_command(source: str, out: str, adapter: bool, evals: Sequence[str], repo: str | None,
-                   dtype: str = "float32", license: str | None = None) -> None:
+                   dtype: str = "float32", license: str | None = None, trust_unverified: bool = False) -> None:
     """`searchrl export`: write the folder, print what it holds, upload it if asked."""
-    folder = export(source, out, adapter=adapter, evals=evals, repo=repo, dtype=dtype, license=license)
+    folder = export(source, out, adapter=adapter, evals=evals, repo=repo, dtype=dtype, license=license,
+                    trust_unverified=trust_unverified)
     manifest = read_export(folder)
     print(f"exported step {manifest['step']} of {manifest['checkpoint']} to {folder} "
           f"({'LoRA adapter' if adapter else 'full weights'}, {dtype}; protocol {manifest['protocol']['format']}; "

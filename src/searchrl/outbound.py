@@ -74,8 +74,24 @@ def blocked_reason(ip: str) -> str | None:
     return None
 
 
+def split_url(url: str):
+    """`urlsplit(url)`, or `OutboundRefused` for a URL it rejects (`http://[::1:P/x`, a netloc that
+    changes under NFKC normalization) or that is not a string: a search result or a model wrote it."""
+    if not isinstance(url, str):
+        raise OutboundRefused(f"{type(url).__name__} is not a URL: not fetched")
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise OutboundRefused(f"{url[:300]}: not a valid URL ({exc}): not fetched") from None
+    try:
+        parts.port  # noqa: B018 - a port out of range or not a number raises here
+    except ValueError as exc:
+        raise OutboundRefused(f"{url[:300]}: not a valid port ({exc}): not fetched") from None
+    return parts
+
+
 def _check_scheme(url: str) -> None:
-    scheme = urlsplit(url).scheme.lower()
+    scheme = split_url(url).scheme.lower()
     if scheme not in SCHEMES:
         raise OutboundRefused(f"{url}: only http and https URLs are fetched, not {scheme or 'a relative URL'}:")
 
@@ -103,14 +119,11 @@ def check_public_url(url: str, allow_private: bool = False) -> None:
     whose host resolves to a non-public address unless `allow_private`. A quick check for a clear
     message; `client(public_only=True)` enforces the same at connect time on every hop."""
     _check_scheme(url)
-    parts = urlsplit(url)
+    parts = split_url(url)
     if not parts.hostname:
         raise OutboundRefused(f"{url}: no host to fetch from")
     if not allow_private:
-        try:
-            port = parts.port or (443 if parts.scheme.lower() == "https" else 80)
-        except ValueError:
-            raise OutboundRefused(f"{url}: not a valid port") from None
+        port = parts.port or (443 if parts.scheme.lower() == "https" else 80)
         public_addresses(parts.hostname, port)
 
 
@@ -145,7 +158,10 @@ def key_allowed(url: str, own_hosts: Iterable[str] = (), *, user_server: bool = 
     >>> key_allowed("https://retrieval.example", user_server=True)
     False
     """
-    parts = urlsplit(url)
+    try:
+        parts = split_url(url)
+    except OutboundRefused:
+        return False
     host = (parts.hostname or "").lower()
     if host in key_hosts():
         return True
@@ -156,7 +172,10 @@ def key_allowed(url: str, own_hosts: Iterable[str] = (), *, user_server: bool = 
 
 def withheld(role: str, env: str, url: str, rule: str) -> None:
     """Say (once per message) that the key in `env` was not sent to `url`, and how to allow it."""
-    host = urlsplit(url).hostname or url
+    try:
+        host = split_url(url).hostname or url
+    except OutboundRefused:
+        host = url
     warnings.warn(KeyWithheld(
         f"{role}: the key in {env} is not sent to {url} (keys go {rule}); the requests go without it. "
         f"To send it, add {host} to {KEY_HOSTS_ENV} (comma-separated host names)"

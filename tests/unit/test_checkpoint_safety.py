@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import pickle
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -271,3 +272,79 @@ def test_dcp_non_tensor_items_are_read_without_running_code(tmp_path):
     with pytest.raises(SearchRLError, match=r"cannot read the sharded checkpoint .*Weights only load failed"):
         sharding._load({"item": None}, tmp_path / "dcp")
     assert not marker.exists()
+
+
+# ------------------------------------------------------------------------------------------------
+# Checksums that cannot be emptied, a state whose values must be of their types
+
+
+def _rewrite_checksums(folder: Path, keep) -> None:
+    sums = json.loads((folder / CHECKSUMS).read_text())
+    (folder / CHECKSUMS).write_text(json.dumps({k: v for k, v in sums.items() if keep(k)}))
+
+
+@pytest.mark.parametrize(("keep", "why"), [
+    (lambda name: False, f"{CHECKSUMS} lists no files"),
+    (lambda name: name != "model.safetensors", f"{CHECKSUMS} does not cover 'model.safetensors'"),
+    (lambda name: name.endswith(".json"), f"{CHECKSUMS} does not cover "),
+])
+def test_checksums_that_leave_files_out_make_the_checkpoint_damaged(two_steps, tmp_path, capsys, keep, why):
+    run = _copy(two_steps, tmp_path)
+    folder = run / "checkpoints" / "step_0002"
+    _flip(folder / "model.safetensors", (folder / "model.safetensors").stat().st_size - 5)  # what the emptied file hides
+    _rewrite_checksums(folder, keep)
+    found, state = rundir.newest_intact_checkpoint(run)
+    assert (found.name, state.step) == ("step_0001", 1)  # as for a corrupt one: the older complete checkpoint
+    assert f"skipping corrupt checkpoint {folder}: {why}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("sums", [[], "x", {"../../outside": {"size": 1, "sha256": "0" * 64}},
+                                  {"model.safetensors": {"size": "big", "sha256": "0" * 64}},
+                                  {"model.safetensors": {"size": 1}}, {"/etc/passwd": {"size": 1, "sha256": "0" * 64}}])
+def test_checksums_of_the_wrong_shape_make_the_checkpoint_damaged_not_a_crash(two_steps, tmp_path, capsys, sums):
+    run = _copy(two_steps, tmp_path)
+    folder = run / "checkpoints" / "step_0002"
+    (folder / CHECKSUMS).write_text(json.dumps(sums))
+    found, _ = rundir.newest_intact_checkpoint(run)
+    assert found.name == "step_0001"
+    assert f"skipping corrupt checkpoint {folder}: {CHECKSUMS} " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("field", "value", "why"), [
+    ("step", "2", "field step is '2' (str), not a count of steps"),
+    ("stage_step", -1, "field stage_step is -1 (int), not a count of steps"),
+    ("plan", [1, "2"], "field plan is [1, '2'] (list), not a list of stage numbers"),
+    ("lora", "false", "field lora is 'false' (str), not true or false"),
+    ("data_position", 4.0, "field data_position is 4.0 (float)"),
+    ("stage_ends", {"1": "../../../elsewhere"}, ("field stage_ends is {'1': '../../../elsewhere'} (dict), not an object of "
+                                                "stage numbers to checkpoint names")),
+    ("world_size", True, "field world_size is True (bool)"),
+    ("metrics_lines", None, "field metrics_lines is None (NoneType)"),
+])
+def test_a_state_value_of_the_wrong_type_is_one_line_naming_the_file_and_field(world, two_steps, tmp_path, capsys, field, value, why):
+    run = _copy(two_steps, tmp_path)
+    for _, folder in ckpt.complete_checkpoints(run):  # rewritten with checksums to match: only the types can tell
+        state = json.loads((folder / ckpt.STATE_FILE).read_text())
+        (folder / ckpt.STATE_FILE).write_text(json.dumps({**state, field: value}))
+        (folder / CHECKSUMS).unlink()
+        write_checksums(folder)
+    path = run / "checkpoints" / "step_0002" / ckpt.STATE_FILE
+    with pytest.raises(SearchRLError) as caught:
+        ckpt.load_state(path.parent)
+    assert str(caught.value) == f"{path}: {why}" or str(caught.value).startswith(f"{path}: {why}")
+    assert "\n" not in str(caught.value)
+    with pytest.raises(SearchRLError, match=r"none of its checkpoints is intact \(the newest: step_0002: " + re.escape(f"{path}: {why}")):
+        trainer.train(_cfg(world, run, "stage2.enabled=false"), resume=run)
+    assert f"skipping corrupt checkpoint {path.parent}: {path}: {why}" in capsys.readouterr().err
+
+
+def test_a_missing_state_field_and_a_state_that_is_no_object_are_named(tmp_path):
+    (tmp_path / ckpt.STATE_FILE).write_text(json.dumps({"plan": [1], "stage": 1}))
+    with pytest.raises(SearchRLError, match=rf"{re.escape(str(tmp_path / ckpt.STATE_FILE))}: field stage_step is missing$"):
+        ckpt.load_state(tmp_path)
+    (tmp_path / ckpt.STATE_FILE).write_text("[1, 2]")
+    with pytest.raises(SearchRLError, match="holds list, not an object of the trainer's fields"):
+        ckpt.load_state(tmp_path)
+    (tmp_path / ckpt.STATE_FILE).write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(SearchRLError, match="cannot read"):
+        ckpt.load_state(tmp_path)

@@ -308,7 +308,7 @@ def test_cli_tiny_random_writes_four_files(world, tmp_path, method):
     out = tmp_path / method
     printed = _cli_run(world, out, method, "--dump-tokens")
     assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "console.log", "metrics.json", "metrics.md", "predictions.jsonl",
-                                                     "run.lock", "run_info.json"]
+                                                     "run.json", "run.lock", "run_info.json"]
     assert (out / "run.lock").read_text() == ""  # released
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics == printed and METRIC_KEYS <= set(metrics)
@@ -538,7 +538,7 @@ def test_interrupted_eval_resumes_without_redoing_finished_questions(world, tmp_
     clock = {"seconds": 0, "retrieval_s": 0, "tools/search/latency_s": 0}
     assert {**metrics, **clock} == {**reference, **clock}
     assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "console.log", "metrics.json", "metrics.md", "predictions.jsonl",
-                                                     "run.lock", "run_info.json"]
+                                                     "run.json", "run.lock", "run_info.json"]
 
 
 def test_torn_last_line_is_dropped_and_its_batch_run_again(world, tmp_path, tokenizer):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import html
 import json
 import os
+import shutil
 import socket
 import stat
 from pathlib import Path
@@ -190,6 +191,50 @@ def test_export_refuses_a_used_folder_and_a_source_that_is_no_run(tags_run, tmp_
     with pytest.raises(SearchRLError, match="neither a training run"):
         find_checkpoint(tmp_path)
     assert find_checkpoint(tags_run) == latest_checkpoint(tags_run)
+
+
+@pytest.fixture(scope="module")
+def two_checkpoints(world, tmp_path_factory) -> Path:
+    """A run of two steps with a checkpoint after each (copy it before changing it)."""
+    return _train(world, tmp_path_factory.mktemp("two") / "run", f"protocol.template={world / 'prompt.txt'}",
+                  "stage1.steps=2", "logging.checkpoint_every=1")
+
+
+def _damage(folder: Path, how: str) -> None:
+    weights = folder / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    if how == "flipped":
+        data[-5] ^= 0x01  # a weight's bit: the file still loads without a word
+    elif how == "half-written":
+        data = data[: len(data) // 2]
+    weights.write_bytes(bytes(data))
+    if how == "checksums emptied":
+        (folder / "checksums.json").write_text("{}")
+
+
+@pytest.mark.parametrize("how", ["flipped", "half-written", "checksums emptied"])
+def test_export_verifies_and_falls_back_to_the_newest_intact_checkpoint(two_checkpoints, tmp_path, capsys, how):
+    run = Path(shutil.copytree(two_checkpoints, tmp_path / "run"))
+    newest = run / "checkpoints" / "step_0002"
+    _damage(newest, how)
+    assert cli_run(["export", str(run), "--out", str(tmp_path / "export")]) == 0
+    err = capsys.readouterr().err
+    assert f"skipping corrupt checkpoint {newest}" in err
+    assert f"exporting {run / 'checkpoints' / 'step_0001'}, the newest intact checkpoint of {run}" in err
+    assert read_export(tmp_path / "export")["step"] == 1
+    with pytest.raises(SearchRLError, match=rf"cannot export checkpoint {newest}: it is damaged \("):
+        export(newest, tmp_path / "named")  # named by the user: refused, never replaced by another
+    assert not (tmp_path / "named").exists()
+
+
+def test_export_of_a_checkpoint_without_checksums_needs_trust(two_checkpoints, tmp_path):
+    run = Path(shutil.copytree(two_checkpoints, tmp_path / "run"))
+    newest = run / "checkpoints" / "step_0002"
+    (newest / "checksums.json").unlink()
+    with pytest.raises(SearchRLError, match=rf"cannot export {run}: checkpoint {newest} has no checksums.json .*export with "
+                                            "--trust-unverified"):
+        export(run, tmp_path / "export")
+    assert read_export(export(run, tmp_path / "export", trust_unverified=True))["step"] == 2
 
 
 def test_native_run_exports_its_chat_template_and_turn_ends(world, tmp_path):

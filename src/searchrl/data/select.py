@@ -37,6 +37,7 @@ from searchrl.data.textio import read_appended_jsonl
 from searchrl.data.types import Question
 from searchrl.errors import SearchRLError, listing
 from searchrl.profiles import announce
+from searchrl.runkind import check_kind, claim
 
 PROGRESS = "progress.jsonl"
 
@@ -136,8 +137,9 @@ def run_select(cfg: SelectConfig, backend=None, progress: bool = True) -> dict:
     if cfg.out is None:
         raise SearchRLError("no output folder: give --out DIR")
     out = Path(cfg.out)
+    check_kind(out, "select")
     questions = load_candidates(cfg)
-    out.mkdir(parents=True, exist_ok=True)
+    claim(out, "select")
     rounds = read_rounds(out)
     if rounds:
         _check_resumable(out, cfg)

@@ -170,25 +170,26 @@ def iter_json_lines(
         yield lineno, value
 
 
-def read_appended_jsonl(path: Path, redo: str) -> list:
+def read_appended_jsonl(path: Path, redo: str, numbered: bool = False) -> list:
     """The values of a JSON-lines file that a process appends to and may be killed writing: a
     torn last line (no line ending, not valid JSON) is dropped and cut from the file, so appending
     goes on from there; any other bad line is an error saying to delete it and what that costs
-    (`redo`: "its round is then sampled again")."""
+    (`redo`: "its round is then sampled again"). `numbered`: (line number, value) pairs."""
     if not path.is_file():
         return []
-    text = path.read_text(encoding="utf-8")
+    text = read_text(path)  # bad bytes: an error naming their line
     lines = text.split("\n")
     kept, values = [], []
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            values.append(loads(line, f"{path}:{n}"))
+            value = loads(line, f"{path}:{n}")
         except json.JSONDecodeError:
             if n == len(lines):  # no newline after it: the write was cut short
                 break
             raise DataError(f"{path}:{n} is not JSON; delete that line ({redo})") from None
+        values.append((n, value) if numbered else value)
         kept.append(line)
     clean = "".join(line + "\n" for line in kept)
     if clean != text:  # also ends a valid last line cut before its newline

@@ -31,6 +31,7 @@ from searchrl.eval.report_config import PlannedRun, ReportConfig, dataset_name
 from searchrl.eval.report_table import write_report
 from searchrl.eval.run import EvalConfig, run_eval
 from searchrl.retrieval import RetrievalConfig
+from searchrl.runkind import check_kind, claim
 
 
 def _slug(dataset: str) -> str:
@@ -109,9 +110,12 @@ def run_report(cfg: ReportConfig, backend=None, progress: bool = True) -> Path:
         raise SearchRLError(
             f"nothing to run: every dataset is closed-book ({', '.join(cfg.datasets)}) and `direct` is not among the methods"
         )
-    states = [run_state(r.cfg) for r in runs]  # every folder checked before a model loads
     out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
+    check_kind(out, "report")  # before its runs' folders are read: a training run's config is never replaced
+    for r in runs:
+        check_kind(r.cfg.out, "eval")
+    states = [run_state(r.cfg) for r in runs]  # every folder checked before a model loads
+    claim(out, "report")
     dump_config(cfg, out / "config.yaml")
     todo = sum(s != "done" for s in states)
     console.print(

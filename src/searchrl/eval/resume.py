@@ -21,6 +21,7 @@ from searchrl.data.textio import read_appended_jsonl
 from searchrl.data.types import Question
 from searchrl.errors import SearchRLError
 from searchrl.eval.spending import SPENT_KEYS
+from searchrl.runkind import check_kind
 
 PREDICTIONS = "predictions.jsonl"
 PROGRESS = "progress.json"
@@ -30,6 +31,7 @@ def resumed_config(cls: type[C], run_dir: Path, config: str | None, overrides: l
     """The config to continue `run_dir` with: its config.yaml (or `config`), `overrides` and
     `flags` (keyed by config keys), refused unless it equals the one the run began with."""
     path = run_dir / "config.yaml"
+    check_kind(run_dir, "eval", "--resume")  # before its config.yaml is read as an evaluation's
     if not path.is_file():
         raise SearchRLError(f"cannot resume: {path} does not exist; give --resume the --out folder of an interrupted `eval run`")
     if flags.get("out") is not None and Path(flags["out"]).resolve() != run_dir.resolve():

@@ -63,6 +63,7 @@ from searchrl.protocol import Protocol
 from searchrl.retrieval.base import Retriever
 from searchrl.retrieval.web.record import RECORD_DIR
 from searchrl.runinfo import recorded_run, retrieval_record
+from searchrl.runkind import claim
 from searchrl.runlock import RunLock
 from searchrl.tables import Column, print_table
 from searchrl.tags import get_tags
@@ -188,6 +189,7 @@ def run_eval(cfg: EvalConfig, progress: bool = True, backend=None, resume: bool 
     if not questions:
         raise SearchRLError(f"dataset {cfg.dataset!r} holds no questions")
     with RunLock(out):
+        claim(out, "eval", "--resume" if resume else "--out")  # a training run's folder is never overwritten
         if resume:
             recs, spent = saved.finished_records(out, questions), saved.spent_so_far(out)
         else:

@@ -67,10 +67,51 @@ class TrainerState:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("optimizer", "rng")}
 
     @classmethod
-    def from_dict(cls, data: dict) -> TrainerState:
+    def from_dict(cls, data: dict, where: str = "the trainer state") -> TrainerState:
+        """The state in `data` (a checkpoint's JSON, or a legacy pickle's dict), every field of
+        its type: a `SearchRLError` naming `where` (the file) and the field otherwise."""
+        if not isinstance(data, dict):
+            raise SearchRLError(f"{where} holds {type(data).__name__}, not an object of the trainer's fields")
+        for name, check, wanted in _STATE_FIELDS:
+            if name not in data:
+                if name in _STATE_OPTIONAL:
+                    continue
+                raise SearchRLError(f"{where}: field {name} is missing")
+            if not check(data[name]):
+                shown = repr(data[name])
+                raise SearchRLError(f"{where}: field {name} is {shown[:60]}{'...' if len(shown) > 60 else ''} "
+                                    f"({type(data[name]).__name__}), not {wanted}")
         state = cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
         state.stage_ends = {int(s): name for s, name in state.stage_ends.items()}  # JSON keys are strings
         return state
+
+
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _stage_key(s) -> bool:
+    return (isinstance(s, str) and s.isdigit() and s.isascii()) or (_count(s))
+
+
+# Each field of `trainer_state.json`: its check and what it must be (the messages). Stage ends name
+# checkpoints of the same run (`step_XXXX`), never a path.
+_STATE_FIELDS = (
+    ("plan", lambda v: isinstance(v, list) and bool(v) and all(_count(s) for s in v), "a list of stage numbers"),
+    ("stage", _count, "a stage number"),
+    ("stage_step", _count, "a count of steps (an integer >= 0)"),
+    ("step", _count, "a count of steps (an integer >= 0)"),
+    ("data_position", _count, "a count of prompts drawn (an integer >= 0)"),
+    ("metrics_lines", _count, "a count of metrics records (an integer >= 0)"),
+    ("stage_ends", lambda v: isinstance(v, dict) and all(_stage_key(s) and isinstance(n, str) and _NAME.fullmatch(n)
+                                                        for s, n in v.items()),
+     "an object of stage numbers to checkpoint names (step_XXXX)"),
+    ("lora", lambda v: isinstance(v, bool), "true or false"),
+    ("world_size", lambda v: _count(v) and v >= 1, "a count of processes (an integer >= 1)"),
+    ("optimizer", lambda v: v is None or isinstance(v, dict), "an optimizer state"),
+    ("rng", lambda v: v is None or isinstance(v, dict), "an RNG state"),
+)
+_STATE_OPTIONAL = {"world_size", "optimizer", "rng"}
 
 
 def checkpoint_name(step: int) -> str:
@@ -99,6 +140,20 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(torch.as_tensor(state["torch"], dtype=torch.uint8))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([torch.as_tensor(s, dtype=torch.uint8) for s in state["cuda"]])
+
+
+def restore_rng(folder: Path, state: TrainerState, rank: int) -> None:
+    """Set this rank's generators to the checkpoint's (`load_rng`); a saved state of the wrong
+    shape or types is a `SearchRLError` naming its file, not a crash mid-resume."""
+    saved = load_rng(folder, state, rank)
+    try:
+        set_rng_state(saved)
+    except (KeyError, TypeError, ValueError, IndexError, OverflowError, RuntimeError) as exc:
+        where = Path(folder) / LEGACY_STATE_FILE if state.rng is not None else rank_rng_file(folder, rank)
+        if state.rng is None and not where.is_file():
+            where = rank_rng_file(folder, rank, ".pt")
+        raise SearchRLError(f"{where}: not a saved RNG state ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); "
+                            "the checkpoint was altered: resume from another") from None
 
 
 def rank_rng_file(folder: Path, rank: int, suffix: str = ".json") -> Path:
@@ -225,8 +280,8 @@ def load_state(folder: Path) -> TrainerState:
     path = folder / (LEGACY_STATE_FILE if is_legacy(folder) else STATE_FILE)
     try:
         if path.name == LEGACY_STATE_FILE:
-            return TrainerState.from_dict(_load_legacy(path))
-        state = TrainerState.from_dict(_read_json(path))
+            return TrainerState.from_dict(_load_legacy(path), str(path))
+        state = TrainerState.from_dict(_read_json(path), str(path))
         if (folder / OPTIMIZER_FILE).is_file():
             path = folder / OPTIMIZER_FILE
             state.optimizer = _read_optimizer(path)
@@ -240,7 +295,7 @@ def load_state(folder: Path) -> TrainerState:
 def _read_json(path: Path):
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise SearchRLError(f"cannot read {path} ({exc})") from None
 
 

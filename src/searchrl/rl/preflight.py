@@ -76,7 +76,22 @@ def preflight(cfg: TrainConfig, stages: list[int], model: str) -> Prepared:
             questions[s] = search.drop_shortcuts(questions[s], f"stage{s}")
         if cfg.stage(s).kind == "sft":
             questions[s] = search.gold_examples(questions[s], cfg.rollout, f"stage{s}", cfg.stage(s).evidence)
+        check_step_fits(cfg.stage(s), len(questions[s]), f"stage{s}")
     return Prepared(questions, search, protocol)
+
+
+def check_step_fits(stage_cfg, n: int, key: str) -> None:
+    """Refuse a step that asks for more questions than the stage has (`n`, after `question_types`,
+    `drop_shortcuts` and, for SFT, the questions with a gold path): the sampler would put some
+    question twice in one step. An error, as every other setting that cannot hold for the data
+    (`rollout.k` over the index's passages, `question_types` that match nothing) is."""
+    if stage_cfg.prompts_per_step > n:
+        what = "gold examples" if stage_cfg.kind == "sft" else "questions"
+        raise SearchRLError(
+            f"{key}.prompts_per_step={stage_cfg.prompts_per_step} is more than the {n} {what} of {key}.dataset "
+            f"({stage_cfg.dataset}): a step would ask some of them twice; set {key}.prompts_per_step to {n} or less, "
+            "or give a larger dataset"
+        )
 
 
 def warn_slow_dtype(cfg: TrainConfig) -> None:

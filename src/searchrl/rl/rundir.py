@@ -21,6 +21,7 @@ from searchrl.rl import checkpoint as ckpt
 from searchrl.rl.config import TrainConfig
 from searchrl.rl.health import trim_alarms
 from searchrl.rl.integrity import CHECKSUMS, verify_checksums
+from searchrl.runkind import claim
 from searchrl.runlog import METRICS_FILE, truncate_metrics
 
 
@@ -46,18 +47,20 @@ def open_run(cfg: TrainConfig, resume: Path | None, stages: list[int] | None,
     """(run dir, trainer state to resume from, its checkpoint folder); no state: start at step 0.
     Resuming trims what the stopped run wrote after that checkpoint (metrics, samples)."""
     run_dir = run_dir_for(cfg, resume)
+    claim(run_dir, "train", "--out" if resume is None else "--resume")  # an evaluation's folder is never trained into
     if resume is None:
         if (run_dir / METRICS_FILE).exists() or (run_dir / "checkpoints").exists():
             raise SearchRLError(f"{run_dir} already holds a run; continue it with --resume {run_dir} or choose another --out")
         run_dir.mkdir(parents=True, exist_ok=True)
         return run_dir, None, None
     ckpt.clean_temp(run_dir)
-    found = newest_intact_checkpoint(run_dir, trust_unverified)
+    skipped: list[str] = []
+    found = newest_intact_checkpoint(run_dir, trust_unverified, skipped=skipped)
     if found is None:
         if ckpt.complete_checkpoints(run_dir):
             raise SearchRLError(
-                f"cannot resume {run_dir}: none of its checkpoints is intact (see the warnings above); "
-                f"move {run_dir / 'checkpoints'} aside to restart the run from step 0"
+                f"cannot resume {run_dir}: none of its checkpoints is intact (the newest: {skipped[0]}; the others in the "
+                f"warnings above); move {run_dir / 'checkpoints'} aside to restart the run from step 0"
             )
         _warn(f"{run_dir} has no checkpoint (its run stopped before the first one): restarting it from step 0")
         _trim(run_dir, 0, 0)
@@ -69,56 +72,69 @@ def open_run(cfg: TrainConfig, resume: Path | None, stages: list[int] | None,
     return run_dir, state, folder
 
 
-def newest_intact_checkpoint(run_dir: Path, trust_unverified: bool = False) -> tuple[Path, ckpt.TrainerState] | None:
-    """The newest checkpoint whose files match their checksums, whose state loads and whose
-    stage-end checkpoints (where later stages start) are intact; corrupt ones are skipped with a
-    warning. One that cannot be checked raises `UnverifiedCheckpoint` unless `trust_unverified`."""
+def newest_intact_checkpoint(run_dir: Path, trust_unverified: bool = False, action: str = "resume",
+                             skipped: list[str] | None = None) -> tuple[Path, ckpt.TrainerState] | None:
+    """The newest checkpoint whose files match their checksums (which cover every file it holds),
+    whose state loads and whose stage-end checkpoints (where later stages start) are intact;
+    corrupt ones are skipped with a warning (and `skipped` gets "folder: problem" of each). One
+    that cannot be checked raises `UnverifiedCheckpoint` unless `trust_unverified`. `action`:
+    what the caller does with it (resume, export), for the messages."""
     for _, folder in reversed(ckpt.complete_checkpoints(run_dir)):
         try:
-            state = _intact_state(folder, trust_unverified)
+            state = intact_state(folder, trust_unverified, action)
         except UnverifiedCheckpoint:
             raise
         except SearchRLError as exc:
             _warn(f"warning: skipping corrupt checkpoint {folder}: {exc}; trying an older one")
+            if skipped is not None:
+                skipped.append(f"{folder.name}: {exc}")
             continue
         return folder, state
     return None
 
 
-def _intact_state(folder: Path, trust_unverified: bool) -> ckpt.TrainerState:
-    problem = _check_files(folder, trust_unverified)
+def intact_state(folder: Path, trust_unverified: bool = False, action: str = "resume") -> ckpt.TrainerState:
+    """The state of checkpoint `folder` once its files (and its stage ends') are verified;
+    `SearchRLError` says what is damaged (`UnverifiedCheckpoint`: what cannot be checked)."""
+    problem = _check_files(folder, trust_unverified, action=action)
     if problem:
         raise SearchRLError(problem)
     state = ckpt.load_state(folder)  # after the check: a damaged file is never parsed
     for name in set(state.stage_ends.values()) - {folder.name}:
         end = folder.parent / name
-        problem = _check_files(end, trust_unverified, reads_state=False) if end.is_dir() else "it is missing"
+        problem = _check_files(end, trust_unverified, reads_state=False, action=action) if end.is_dir() else "it is missing"
         if problem:
             raise SearchRLError(f"the stage-end checkpoint it builds on, {name}, is corrupt: {problem}")
     return state
 
 
-def _check_files(folder: Path, trust_unverified: bool, reads_state: bool = True) -> str | None:
+# What an older searchrl's checkpoint holds outside its checksums: its pickled state, a rank's RNG.
+LEGACY_UNCOVERED = (ckpt.LEGACY_STATE_FILE, "rng_rank_*.pt")
+
+
+def _check_files(folder: Path, trust_unverified: bool, reads_state: bool = True, action: str = "resume") -> str | None:
     """What is wrong with `folder`'s files (None: nothing). One whose files cannot all be checked
     is refused (`UnverifiedCheckpoint`), or with `trust_unverified` checked as far as it can be.
     `reads_state=False`: only its model is used (a stage's start), which a legacy checkpoint's
     checksums do cover."""
-    if reads_state and ckpt.is_legacy(folder):
+    legacy = ckpt.is_legacy(folder)
+    uncovered = LEGACY_UNCOVERED if legacy else ()
+    if reads_state and legacy:
         why = f"was written by an older searchrl: its {ckpt.LEGACY_STATE_FILE} is a pickle that no {CHECKSUMS} covers"
         other = f"start a new run from its weights (model={folder})"
     elif not (folder / CHECKSUMS).is_file():
         why = f"has no {CHECKSUMS} (it was deleted, or the checkpoint copied without it)"
-        other = f"move {folder} aside to resume from an older checkpoint"
+        other = f"move {folder} aside to {action} an older checkpoint"
     else:
-        return verify_checksums(folder)
+        return verify_checksums(folder, uncovered)
     if not trust_unverified:
         raise UnverifiedCheckpoint(
-            f"cannot resume {folder.parent.parent}: checkpoint {folder} {why}, so a corrupted or altered file would go "
-            f"unnoticed; if you trust where this run directory came from, resume with --trust-unverified (its files are "
+            f"cannot {action} {folder.parent.parent}: checkpoint {folder} {why}, so a corrupted or altered file would go "
+            f"unnoticed; if you trust where this run directory came from, {action} with --trust-unverified (its files are "
             f"still read without running code), or {other}"
         )
     _warn(f"warning: using checkpoint {folder} unverified (--trust-unverified): it {why}")
-    return verify_checksums(folder) if (folder / CHECKSUMS).is_file() else None
+    return verify_checksums(folder, uncovered) if (folder / CHECKSUMS).is_file() else None
 
 
 def check_resume(cfg: TrainConfig, state: ckpt.TrainerState, folder: Path, stages: list[int] | None) -> None:

@@ -148,7 +148,7 @@ def _train_opened(cfg: TrainConfig, stages: list[int] | None, d: Dist, run_dir: 
         cfg = cfg.model_copy(update={"algorithm": alg.model_copy(update={"lr": alg.lr * rollback.lr_scale(cfg.health, rollbacks)})})
     actor = Actor.load(cfg, state_dir, lora_resume=bool(state and state.lora), dist=d)
     if state is not None:
-        ckpt.set_rng_state(ckpt.load_rng(state_dir, state, d.rank))
+        ckpt.restore_rng(state_dir, state, d.rank)
         actor.version = state.step  # one update per step: the policy version goes on where it was saved
     worker = _rollout_source(cfg, actor, prepared, state_dir if state is not None else None)
     sft = [p for s in plan[first:] if cfg.stage(s).kind == "sft" for p in prepared.questions[s]]
@@ -268,9 +268,11 @@ def train_command(config: str | None, overrides: list[str], stage: int | None, r
                   trust_unverified: bool = False) -> Path:
     """`searchrl train`: a config file (or a run's own config.yaml when resuming) plus overrides."""
     from searchrl.config import flag_overrides, load_config
+    from searchrl.runkind import check_kind
 
     if resume is not None:
         run = Path(resume)
+        check_kind(run, "train", "--resume")  # before its config.yaml is read as a training config
         config = config or str(run / "config.yaml")
     elif config is None:
         raise SearchRLError("give --config FILE (e.g. configs/demo-cpu.yaml) or --resume RUN_DIR")

@@ -48,7 +48,7 @@ import os
 import queue
 import shutil
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -62,23 +62,11 @@ from searchrl.protocol import Protocol
 from searchrl.retrieval.querycache import RetrievalCounts
 from searchrl.rollout.weight_broadcast import Sender, group_backend
 from searchrl.rollout.weights import publish, retire, version_of, weights_bytes, weights_folder
+from searchrl.rollout.wire import Order
 from searchrl.rollout.worker_config import WorkerConfig
 from searchrl.rollout.worker_links import LocalLink, Lost, RemoteLink
 from searchrl.rollout.worker_process import Batch, Failed, machine_cores, worker_main
 from searchrl.toolformat.protocol import NativeProtocol
-
-
-@dataclass(frozen=True)
-class Order:
-    """One step's batch: `n` rollouts of each question, sampled with `seed` by policy `version`.
-    Under torchrun a step has one order per training rank (`part`: the rank), collected in order."""
-
-    step: int
-    questions: list[Question]
-    n: int
-    seed: int
-    version: int
-    part: int = 0
 
 
 def shards(order: Order, n_workers: int) -> list[Order]:

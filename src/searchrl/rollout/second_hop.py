@@ -45,6 +45,7 @@ from searchrl.protocol import Protocol
 from searchrl.rollout.config import RolloutConfig
 from searchrl.rollout.engine import RolloutEngine
 from searchrl.rollout.gold import gold_paths, support_passages
+from searchrl.runkind import claim
 from searchrl.tables import markdown_table
 
 TYPES = ("bridge-2hop", "bridge-3hop", "inference")
@@ -121,7 +122,7 @@ def second_hop_command(config: str | None, overrides: Sequence[str], flags: dict
                             f"the first {len(questions)} of {cfg.dataset}")
     agent_records = {run: _records(Path(run), {q.id for q in chosen}) for run in runs}
     folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
+    claim(folder, "second-hop")
     started = time.perf_counter()
     retriever = cfg.retrieval.open()
     try:

@@ -166,6 +166,8 @@ class Open(Tool):
             text, fetched = reader.read(url)  # the address policy checks the URL first, cached or not
         except PageUnreadable as exc:
             return Observation.refused(f"open: {_for_model(str(exc))}", "refused" if exc.refused else "unreadable")
+        except (ValueError, UnicodeError) as exc:  # a URL the model wrote that some parser below still rejects
+            return Observation.refused(f"open: {url[:300]!r} is not a URL that can be read ({type(exc).__name__})", "bad_arguments")
         obs = self._observation(url, [Passage(url, url, text)])
         obs.passages = [Passage(url, url, text[: self._cap()])]  # what the model read, not the 2 MB page
         obs.cost, obs.latency_s = float(fetched), time.perf_counter() - t0  # cost: pages fetched, not cached

@@ -122,7 +122,8 @@ def read_page(client: httpx.Client, url: str, max_bytes: int) -> str:
             text = bytes(body[:max_bytes]).decode(resp.encoding or "utf-8", errors="replace")
     except OutboundRefused as exc:
         raise PageUnreadable(str(exc), refused=True) from None
-    except (httpx.HTTPError, OSError, LookupError) as exc:
+    except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError, OSError, LookupError, ValueError) as exc:
+        # InvalidURL: a URL httpx's own parser rejects though urlsplit took it (a model or a result wrote it)
         raise PageUnreadable(f"{url} could not be read ({type(exc).__name__})") from None
     paragraphs = [" ".join(p.split()) for p in text.splitlines()] if kind == "text/plain" else html_paragraphs(text)
     text = "\n".join(p for p in paragraphs if p)

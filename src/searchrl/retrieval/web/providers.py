@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
+from searchrl.data.textio import loads
 from searchrl.errors import SearchRLError
-from searchrl.outbound import key_allowed, withheld
+from searchrl.outbound import SCHEMES, OutboundRefused, key_allowed, split_url, withheld
 from searchrl.registry import Registry
 
 PROVIDERS: Registry[type[Provider]] = Registry("web search provider")
@@ -94,32 +95,72 @@ class Provider(ABC):
     def call(self, query: str, key: str | None) -> HttpCall:
         """The documented request for `query`, asking for `NUM_RESULTS` results."""
 
+    def read(self, body: str | bytes) -> list[Hit]:
+        """The hits of an answer's body as the API sent it: `parse` of its JSON. What is not JSON,
+        or nests deeper than any answer (`textio.MAX_DEPTH`), is a `SearchRLError` saying so."""
+        try:
+            text = body.decode("utf-8") if isinstance(body, bytes) else body
+            data = loads(text, f"{self.name} at {self.url}")
+        except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            shown = body[:200] if isinstance(body, str) else body[:200].decode("utf-8", "replace")
+            raise SearchRLError(f"{self.name} at {self.url} answered non-JSON: {shown!r}") from None
+        return self.parse(data)
+
     def parse(self, data: Any) -> list[Hit]:
-        """The hits of an answer, best first; a result without a link is skipped."""
+        """The hits of an answer, best first. A result that is no JSON object, or whose link is
+        not an http(s) URL that URL parsing accepts (`http://[::1:P/x`), is skipped; a title or
+        snippet that is no string is empty."""
         if not isinstance(data, dict):
             raise SearchRLError(f"{self.name} at {self.url} answered {type(data).__name__}, not a JSON object of results")
         found = data
         for part in self.results_key.split("."):
             found = found.get(part) or {} if isinstance(found, dict) else {}
-        hits = [self.hit(r) for r in found or [] if isinstance(r, dict)]
+        results = found if isinstance(found, list) else []
+        hits = [self.hit(r) for r in results[:100] if isinstance(r, dict)]
         return [h for h in hits if h.url]
 
     def hit(self, result: dict) -> Hit:
-        """One result of the answer's list as a `Hit`."""
+        """One result of the answer's list as a `Hit` (url "" when its link is refused)."""
         url, title, snippet = self.fields
-        return Hit(str(result.get(url) or ""), plain(result.get(title)), plain(result.get(snippet)))
+        return Hit(result_url(result.get(url)), plain(result.get(title)), plain(result.get(snippet)))
 
     def refused_hint(self) -> str:
         return f"check the key(s) in {self.key_env}"
 
 
-def plain(text: Any) -> str:
-    """Snippets carry HTML (Brave marks matches with <strong>) and entities; keep the text.
+# Longest result link kept (browsers and servers cap URLs near 8 KB; search APIs never send longer).
+MAX_URL_CHARS = 8192
 
-    >>> plain("The <strong>Nile</strong> &amp; its delta")
-    'The Nile & its delta'
+
+def result_url(value: Any) -> str:
+    """A result's link, or "" (the result is skipped) when it is no string, too long, or not an
+    http(s) URL with a host that URL parsing accepts.
+
+    >>> result_url("https://example.org/a"), result_url("http://[::1:P/x"), result_url(["http://a"]), result_url("javascript:x")
+    ('https://example.org/a', '', '', '')
     """
-    return html.unescape(re.sub(r"<[^>]+>", "", str(text or ""))).strip()
+    if not isinstance(value, str) or not value.strip() or len(value) > MAX_URL_CHARS:
+        return ""
+    url = value.strip()
+    try:
+        parts = split_url(url)
+    except OutboundRefused:
+        return ""
+    return url if parts.scheme.lower() in SCHEMES and parts.hostname else ""
+
+
+def plain(text: Any) -> str:
+    """Snippets carry HTML (Brave marks matches with <strong>) and entities; keep the text. A value
+    that is no string (a provider's JSON may hold anything) is no text.
+
+    >>> plain("The <strong>Nile</strong> &amp; its delta"), plain({"nested": [1]})
+    ('The Nile & its delta', '')
+    """
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        text = str(text)
+    if not isinstance(text, str):
+        return ""
+    return html.unescape(re.sub(r"<[^>]+>", "", text)).strip()
 
 
 @PROVIDERS.register("google")
@@ -183,9 +224,10 @@ class SerpApi(Provider):
     def parse(self, data: Any) -> list[Hit]:
         # SerpAPI answers 200 with only an `error` when Google found nothing, and for some failures.
         if isinstance(data, dict) and "error" in data and "organic_results" not in data:
-            if "hasn't returned any results" in str(data["error"]):
+            error = plain(data["error"]) or type(data["error"]).__name__
+            if "hasn't returned any results" in error:
                 return []
-            raise SearchRLError(f"serpapi at {self.url} answered: {data['error']}")
+            raise SearchRLError(f"serpapi at {self.url} answered: {error[:300]}")
         return super().parse(data)
 
 

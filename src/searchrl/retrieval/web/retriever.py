@@ -161,10 +161,7 @@ class WebRetriever(WebSearch):
                 status, text = 0, f"{type(exc).__name__}: {exc}"
             verdict = classify(status, text) if status else "retry"
             if verdict == "ok":
-                try:
-                    return self.provider.parse(resp.json())
-                except ValueError:
-                    raise SearchRLError(f"{self.provider.name} at {self.provider.url} answered non-JSON: {text[:200]!r}") from None
+                return self.provider.read(text)  # non-JSON or too deeply nested: a SearchRLError saying so
             self.budget.refund()
             last = f"HTTP {status}: {text[:200]}" if status else text
             if verdict in ("refused", "exhausted"):
