@@ -297,6 +297,22 @@ def test_stage_lr_scale_sets_each_stages_learning_rate(world, tmp_path):
     assert [(r["stage"], r["lr"]) for r in read_metrics(run)] == [(1, pytest.approx(1e-3)), (2, pytest.approx(2.5e-4))]
 
 
+def test_stage_micro_batch_size_splits_only_that_stages_update(world, tmp_path, monkeypatch, varied_rewards):
+    sizes = []  # rows per forward of every update pass
+    real = actor_module.group_chunks
+
+    def spy(rows, group_ids, size):
+        sizes.append(size)
+        return real(rows, group_ids, size)
+
+    monkeypatch.setattr(actor_module, "group_chunks", spy)
+    run = trainer.train(load_config(TrainConfig, None, _overrides(world, tmp_path / "run", "stage1.steps=1",
+                                                                  "stage2.micro_batch_size=1")))
+    updates = [r["updates"] for r in read_metrics(run)]
+    assert updates == [2, 2]  # two mini-batches a step in both stages, each split into micro-batches
+    assert sizes == [2, 2, 1, 1]  # Stage 1 keeps algorithm.micro_batch_size, Stage 2 its own
+
+
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_configs_validate(path):
     cfg = load_config(TrainConfig, path)

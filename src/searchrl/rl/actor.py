@@ -115,6 +115,7 @@ class Actor:
         # the whole run; a resumed run sets it from its checkpoint. Rollouts carry the version that
         # sampled them (`Trajectory.policy_version`), so their staleness is this minus that.
         self.version = 0
+        self.micro_batch_size = cfg.algorithm.micro_batch_size  # the stage's, from `start_stage`
 
     @classmethod
     def load(cls, cfg: TrainConfig, checkpoint: Path | None = None, lora_resume: bool = False, dist: Dist = LOCAL) -> Actor:
@@ -141,11 +142,14 @@ class Actor:
     def autocast(self):
         return autocast(self.cfg)
 
-    def start_stage(self, reference_source: Path | None, resume_from: tuple[Path, ckpt.TrainerState] | None = None) -> None:
+    def start_stage(self, reference_source: Path | None, resume_from: tuple[Path, ckpt.TrainerState] | None = None,
+                    micro_batch_size: int | None = None) -> None:
         """A fresh optimizer (or, resuming, the one saved with the checkpoint `resume_from` =
         (folder, its trainer state)) and the stage's reference, as the authors launch Stage 2:
-        from Stage 1's weights, with new optimizer state."""
+        from Stage 1's weights, with new optimizer state. `micro_batch_size`: the stage's rows per
+        forward (`StageConfig.micro_batch_size`; None = `algorithm.micro_batch_size`)."""
         alg = self.cfg.algorithm
+        self.micro_batch_size = micro_batch_size or alg.micro_batch_size
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad], lr=alg.lr, betas=alg.betas, weight_decay=alg.weight_decay
         )
@@ -167,14 +171,14 @@ class Actor:
     def logprobs(self, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """(log-probs [B, T], entropy [B, T]) of the batch under the current weights, no gradient."""
         with self.autocast():
-            return batched_logprobs(self.model, batch, self.cfg.algorithm.micro_batch_size, self.cfg.rollout.temperature,
+            return batched_logprobs(self.model, batch, self.micro_batch_size, self.cfg.rollout.temperature,
                                     with_entropy=True, align=self.dist.max_count)
 
     def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:  # [B, T]
         if self.reference is None:
             return None
         with self.autocast():
-            return self.reference.logprobs(batch, self.cfg.algorithm.micro_batch_size, self.cfg.rollout.temperature, self.dist.max_count)
+            return self.reference.logprobs(batch, self.micro_batch_size, self.cfg.rollout.temperature, self.dist.max_count)
 
     # -- the update -------------------------------------------------------------------------------
     def mini_batches(self, batch_size: int) -> int:
@@ -233,7 +237,7 @@ class Actor:
                 # length so a micro-batch pads little (the mini-batch's gradient is one sum).
                 if sft:
                     rows = rows[torch.argsort(batch.response_lengths()[rows].cpu(), stable=True).to(rows.device)]
-                split = torch.split(rows, alg.micro_batch_size) if sft else group_chunks(rows, batch.group_ids, alg.micro_batch_size)
+                split = torch.split(rows, self.micro_batch_size) if sft else group_chunks(rows, batch.group_ids, self.micro_batch_size)
                 chunks = [idx for idx in split if bool(batch.mask[idx].any())]
                 passes = self.dist.max_count(len(chunks))  # agreed before any rank's first forward
                 for idx in chunks:

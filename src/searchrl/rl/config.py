@@ -148,6 +148,11 @@ class StageConfig(StrictModel):
         "apply on top): e.g. an sft warm start at the full rate, then RL at a fraction that does not undo it.",
     )
     prompts_per_step: int = Field(4, ge=1, description="Questions per step.")
+    micro_batch_size: int | None = Field(
+        None, ge=1, description="This stage's rollouts per forward/backward; null = algorithm.micro_batch_size. E.g. SFT "
+        "rows of different questions need small micro-batches for memory, while an RL group of 8 shares its prompt "
+        "pass when it fits one micro-batch (fewer, larger passes are faster on a CPU).",
+    )
     refill_flat_groups: int = Field(
         0, ge=0, description="rl stages, sync mode: drop the question groups whose rewards are all equal (their advantages "
         "are 0: they teach nothing but dilute the token mean) and draw up to this many rounds of other questions of the "

@@ -169,7 +169,7 @@ def _train_opened(cfg: TrainConfig, stages: list[int] | None, d: Dist, run_dir: 
             sampler = PromptSampler(prepared.questions[stage], cfg.seed, stage, state.data_position if resuming else 0)
             prev = plan[plan.index(stage) - 1] if plan.index(stage) > 0 else None
             actor.start_stage(run_dir / "checkpoints" / stage_ends[prev] if prev is not None else None,
-                              (state_dir, state) if resuming else None)
+                              (state_dir, state) if resuming else None, stage_cfg.micro_batch_size)
             steps = _plan_steps(cfg, stage, offsets[stage], start_step, sampler, d, rollbacks, actor.version)
             worker.begin([order for *_, order in steps])  # async: the worker starts what admission allows
             for at, questions, position, _ in steps:

@@ -46,9 +46,11 @@ import math
 import os
 import random
 import sys
+import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import count
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -108,6 +110,7 @@ class VLLMBackend(GenerationBackend):
         self.max_model_len = self._engine.model_config.max_model_len
         self.stats = BackendStats()
         self._seqs: dict[int, _Seq] = {}
+        self.weights_view: tempfile.TemporaryDirectory | None = None  # `from_model_name`'s folder of links
         self._by_rid: dict[str, int] = {}
         self._handles = count()
         self._rids = count()
@@ -151,7 +154,8 @@ class VLLMBackend(GenerationBackend):
         except ImportError as exc:
             raise SearchRLError(f"the vllm backend needs vLLM ({exc}): {INSTALL_HINT}") from None
 
-        path = str(resolve_model(name))
+        view = _weights_view(resolve_model(name))
+        path = view.name if view else str(resolve_model(name))
         tokenizer = load_tokenizer(name)
         on_cpu = current_platform.is_cpu()
         if on_cpu:  # the CPU worker needs an explicit KV-cache size; sleep mode needs CUDA
@@ -178,8 +182,10 @@ class VLLMBackend(GenerationBackend):
                 block_size=block_size or (32 if on_cpu else None),
                 **memory,
             )
-        return cls(llm, tokenizer, eos_token_ids=_eos_ids(tokenizer, path), sleep_mode=sleep_mode,
-                   owns_process_group=not had_group)
+        backend = cls(llm, tokenizer, eos_token_ids=_eos_ids(tokenizer, path), sleep_mode=sleep_mode,
+                      owns_process_group=not had_group)
+        backend.weights_view = view  # its links live as long as the engine
+        return backend
 
     # -- text: the transformers backend's, so prompt ids are identical across backends ---------
     # The engine builds every id this backend is given (prompts, documents blocks, tool results)
@@ -431,6 +437,24 @@ def _reprocess_tied_layers(model: torch.nn.Module) -> int:
     for module in shared:
         module.quant_method.process_weights_after_loading(module)
     return len(shared)
+
+
+def _weights_view(folder: Path) -> tempfile.TemporaryDirectory | None:
+    """A folder of links to `folder`'s files without the safetensors files that hold no model
+    weights (a training checkpoint's `optimizer.safetensors`): vLLM loads every `*.safetensors` of
+    a local folder without an index, and fails on the optimizer's tensors. None when nothing is
+    left out."""
+    if not folder.is_dir():
+        return None
+    files = [f for f in folder.iterdir() if f.is_file()]
+    extra = [f for f in files if f.suffix == ".safetensors" and not f.name.startswith("model")]
+    if not extra:
+        return None
+    view = tempfile.TemporaryDirectory(prefix="searchrl-vllm-weights-")
+    for f in files:
+        if f not in extra:
+            os.symlink(f.resolve(), os.path.join(view.name, f.name))
+    return view
 
 
 def _eos_ids(tokenizer, path: str) -> set[int]:
