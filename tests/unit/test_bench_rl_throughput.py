@@ -46,7 +46,7 @@ def _flat(tree: dict, prefix: str = "") -> dict:
 
 def test_bench_rl_throughput_quick():
     proc = subprocess.run([sys.executable, str(BENCH), "--quick", "--steps", "1", "--new", "micro8"],
-                          capture_output=True, text=True, timeout=300, check=False)
+                          capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
     assert [ln.split()[0] for ln in lines[2:4]] == ["today", "micro8"]  # the table: today, then the new configuration
