@@ -20,13 +20,13 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from searchrl.agent import AgentConfig, build_agent
 from searchrl.data.trajectory import Trajectory
 from searchrl.data.types import Question
 from searchrl.display import visible
 from searchrl.errors import SearchRLError
 from searchrl.profiles import announce
 from searchrl.retrieval import RetrievalConfig
+from searchrl.rollout.agent import AgentConfig, build_agent
 from searchrl.rollout.backend import (
     Continuation,
     GenerationBackend,

@@ -257,7 +257,6 @@ def run_demo(cfg: DemoConfig, overrides: Sequence[str] = ()) -> Path:
 
 
 def _run_demo(cfg: DemoConfig, overrides: Sequence[str], out: Path, started: float) -> Path:
-    from searchrl.agent import load_backend
     from searchrl.data.catalog import load_dataset
     from searchrl.eval.plots import plot_run
     from searchrl.retrieval import open_retriever
@@ -265,6 +264,7 @@ def _run_demo(cfg: DemoConfig, overrides: Sequence[str], out: Path, started: flo
     from searchrl.rl.checkpoint import latest_checkpoint
     from searchrl.rl.config import TrainConfig
     from searchrl.rl.trainer import train
+    from searchrl.rollout.agent import load_backend
     from searchrl.runlog import read_metrics
 
     train_cfg = load_config(TrainConfig, cfg.train_config, list(overrides))

@@ -32,10 +32,10 @@ def config_models() -> dict[str, type[BaseModel]]:
     arguments), each with its config class. `demo` takes the training config's overrides."""
     from searchrl.ask import AskConfig
     from searchrl.data.compose import ComposeConfig
-    from searchrl.data.select_config import SelectConfig
     from searchrl.eval.config import EvalConfig
     from searchrl.eval.report_config import ReportConfig
     from searchrl.rl.config import TrainConfig
+    from searchrl.select.config import SelectConfig
 
     return {"train": TrainConfig, "eval run": EvalConfig, "eval second-hop": EvalConfig, "eval report": ReportConfig, "ask": AskConfig,
             "data select": SelectConfig, "data compose": ComposeConfig}

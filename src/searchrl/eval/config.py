@@ -7,10 +7,10 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from searchrl.agent import AgentConfig
 from searchrl.judge import JudgeConfig
 from searchrl.protocol import ProtocolConfig
 from searchrl.retrieval import RetrievalConfig
+from searchrl.rollout.agent import AgentConfig
 from searchrl.rollout.config import EVAL_ROLLOUT, EvalRollout, RolloutConfig
 
 METHODS = ("agent", "rag", "direct")

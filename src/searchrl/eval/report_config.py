@@ -10,12 +10,12 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from searchrl.agent import AgentConfig, check_tools_of_format
 from searchrl.config import StrictModel
 from searchrl.eval.config import EvalConfig
 from searchrl.judge import JudgeConfig
 from searchrl.profiles import apply_profile
 from searchrl.protocol import ProtocolConfig
+from searchrl.rollout.agent import AgentConfig, check_tools_of_format
 from searchrl.rollout.config import EVAL_ROLLOUT, EvalRollout, RolloutConfig
 
 DEFAULT_DATASETS = [

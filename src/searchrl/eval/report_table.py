@@ -121,7 +121,7 @@ def paper_layout(results: Sequence[Result], model: str, judged: bool) -> list[st
 
 
 def _corpus(cfg: ReportConfig, results: Sequence[Result]) -> str:
-    from searchrl.data.catalog import INDEXES, named_index_dir
+    from searchrl.retrieval.catalog import INDEXES, named_index_dir
     from searchrl.retrieval.store import read_manifest
 
     used = list(dict.fromkeys(run.retriever for run, _ in results if run.retriever))

@@ -42,7 +42,6 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from searchrl.agent import Agent, build_agent
 from searchrl.config import dump_config
 from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.data.types import Passage, Question
@@ -62,6 +61,7 @@ from searchrl.profiles import announce
 from searchrl.protocol import Protocol
 from searchrl.retrieval.base import Retriever
 from searchrl.retrieval.web.record import RECORD_DIR
+from searchrl.rollout.agent import Agent, build_agent
 from searchrl.runinfo import recorded_run, retrieval_record
 from searchrl.runkind import claim
 from searchrl.runlock import RunLock

@@ -13,11 +13,11 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from searchrl.agent import AgentConfig
 from searchrl.config import StrictModel
 from searchrl.retrieval import RetrievalConfig
 from searchrl.rewards import RewardConfig
 from searchrl.rl.health_config import HealthConfig
+from searchrl.rollout.agent import AgentConfig
 from searchrl.rollout.config import RolloutConfig
 from searchrl.rollout.worker_config import Dtype, WorkerConfig
 

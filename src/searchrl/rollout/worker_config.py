@@ -11,8 +11,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from searchrl.agent import AgentConfig
 from searchrl.retrieval import RetrievalConfig
+from searchrl.rollout.agent import AgentConfig
 from searchrl.rollout.config import RolloutConfig
 
 # A run's `dtype` setting (TrainConfig.dtype, WorkerConfig.dtype): how `rollout.precision` computes.

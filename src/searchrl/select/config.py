@@ -1,12 +1,12 @@
-"""`SelectConfig`: the config of one `searchrl data select` run (the run is `searchrl.data.select`,
-its report `searchrl.data.select_report`; both read this)."""
+"""`SelectConfig`: the config of one `searchrl data select` run (the run is `searchrl.select.run`,
+its report `searchrl.select.report`; both read this)."""
 
 from __future__ import annotations
 
 from pydantic import Field, field_validator, model_validator
 
-from searchrl.agent import AgentConfig
 from searchrl.retrieval import RetrievalConfig
+from searchrl.rollout.agent import AgentConfig
 from searchrl.rollout.config import RolloutConfig
 
 
