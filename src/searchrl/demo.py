@@ -23,6 +23,7 @@ from searchrl import metric_names as mn
 from searchrl import runinfo
 from searchrl.config import StrictModel, load_config
 from searchrl.errors import SearchRLError
+from searchrl.eval import result_names as rn
 from searchrl.runkind import check_kind, claim
 
 console = Console()
@@ -187,7 +188,7 @@ def echo_lines(named: dict[str, Path]) -> list[str]:
         path = named.get(f"eval-{label}-agent", Path("-")) / "metrics.json"
         m = json.loads(path.read_text()) if path.is_file() else {}
         if m.get(mn.QUERY_ECHO_RATE) is not None:
-            cells.append(f"{label} agent {round(m[mn.QUERY_ECHO_RATE] * m['n'])} of {m['n']} (EM {100 * m['em']:.1f} %)")
+            cells.append(f"{label} agent {round(m[mn.QUERY_ECHO_RATE] * m[rn.N])} of {m[rn.N]} (EM {100 * m[rn.EM]:.1f} %)")
     return [f"Echo, the answer is the agent's only query: {', '.join(cells)}."] if cells else []
 
 

@@ -40,6 +40,7 @@ from searchrl.eval.second_hop import (
     next_step,
     next_step_rows,
 )
+from searchrl.format_rules import final_answer
 from searchrl.protocol import Protocol
 from searchrl.rollout.agent import Agent, build_agent
 from searchrl.rollout.config import RolloutConfig
@@ -93,7 +94,7 @@ def probe(agent: Agent, rollout: RolloutConfig, questions: Sequence[Question], h
         nxt = q.supporting_ids[hops] if len(q.supporting_ids) > hops else None
         query = t.queries[0] if t.queries else None
         found = bool(t.retrieved_ids) and nxt in t.retrieved_ids[0]
-        final = t.answer if t.answer is not None else protocol.answer(t.segments, cut_short=True)
+        final = final_answer(t, protocol, cut_short=True)
         title = titles.get(nxt, "")
         step = next_step(q, path.searches[-1][0], docs, title, query, found, None if query is not None else final, final)
         out.append({"id": q.id, "type": q.type, "question": q.question, "answers": list(q.answers),
