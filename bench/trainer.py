@@ -117,7 +117,7 @@ def peak_rss_gb() -> float:
 def run_ours(args) -> dict:
     import torch
 
-    from searchrl.agent import build_agent
+    from searchrl.rollout.agent import build_agent
     from searchrl.protocol import Protocol, ProtocolConfig
     from searchrl.retrieval.base import Retriever
     from searchrl.retrieval.querycache import CachedRetriever

@@ -18,22 +18,19 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pydantic import Field, field_validator
-
-from searchrl.agent import AgentConfig, build_agent
 from searchrl.data.trajectory import Trajectory
 from searchrl.data.types import Question
 from searchrl.display import visible
 from searchrl.errors import SearchRLError
 from searchrl.profiles import announce
-from searchrl.retrieval import RetrievalConfig
+from searchrl.rollout.agent import AgentConfig, AgentDefaults, build_agent
 from searchrl.rollout.backend import (
     Continuation,
     GenerationBackend,
     SamplingParams,
     per_sequence_budgets,
 )
-from searchrl.rollout.config import EVAL_ROLLOUT, EvalRollout, RolloutConfig
+from searchrl.rollout.config import EVAL_ROLLOUT
 from searchrl.tools.base import Observation, Tool
 
 OBSERVATION_LINES = 6  # lines of a tool's result the live view shows
@@ -139,21 +136,16 @@ class AnnouncingTool(Tool):
 
 
 class AskConfig(AgentConfig):
-    """One question answered live: `searchrl ask QUESTION [--config FILE] [flags]`."""
+    """One question answered live: `searchrl ask QUESTION [--config FILE] [flags]`. Generation as in
+    evaluation: greedy, k=5, at most 8 searches and 512 policy tokens; greedy=false (--sample)
+    samples with temperature and top_p, seeded by seed (--seed). It searches the toy world's index
+    unless told otherwise."""
 
-    rollout: EvalRollout = Field(
-        default_factory=lambda: RolloutConfig(**EVAL_ROLLOUT),
-        description="Generation as in evaluation: greedy, k=5, at most 8 searches and 512 policy tokens. "
-        "greedy=false (--sample) samples with temperature and top_p, seeded by seed (--seed).",
+    defaults = AgentDefaults(
+        rollout=EVAL_ROLLOUT, retrieval={"index": "toyworld"},
+        searches="ask searches: give an index (e.g. --index toyworld), a retriever URL "
+        "(e.g. --retriever-url http://127.0.0.1:8000) or --web PROVIDER",
     )
-    retrieval: RetrievalConfig = Field(
-        default_factory=lambda: RetrievalConfig(index="toyworld"), description="Index or retrieval server; the toy world's index by default."
-    )
-
-    @field_validator("retrieval")
-    @classmethod
-    def _searches(cls, v: RetrievalConfig) -> RetrievalConfig:
-        return v.required("ask searches: give an index (e.g. --index toyworld), a retriever URL (e.g. --retriever-url http://127.0.0.1:8000) or --web PROVIDER")
 
 
 def ask(

@@ -162,7 +162,7 @@ def _index_words(index: str) -> str:
         if path.is_dir():
             manifest = read_manifest(path)
         else:
-            from searchrl.data.catalog import INDEXES, named_index_dir
+            from searchrl.retrieval.catalog import INDEXES, named_index_dir
 
             manifest = read_manifest(named_index_dir(index)) if index in INDEXES else None
     except Exception:  # noqa: BLE001  (the index need not be on the exporting machine)

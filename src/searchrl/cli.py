@@ -177,8 +177,9 @@ def serve(
 def data_list() -> None:
     """List the named datasets (with question counts) and the named indexes."""
     from searchrl.data.catalog import list_command
+    from searchrl.retrieval.catalog import list_indexes
 
-    list_command()
+    list_command(list_indexes())
 
 
 @data_app.command("show")
@@ -225,13 +226,13 @@ def data_select(
     print_config: bool = typer.Option(False, "--print-config", help=PRINT_CONFIG_HELP),
 ) -> None:
     """Bucket questions Easy / Medium / Difficult by the rollouts a reference model needs to answer them (paper §4.1); resumable."""
-    from searchrl.data.select import select_command
+    from searchrl.select.run import select_command
 
     flags = {"dataset": dataset, "model": model, "rollout.backend": backend, "retrieval.index": index,
              "retrieval.url": retriever_url, "protocol.tags": tags, "protocol.template": template, "profile": profile, "limit": limit,
              "rollouts_per_round": per_round, "max_rollouts": max_rollouts, "metric": metric, "seed": seed, "out": out}
     if print_config:
-        _print_config("searchrl.data.select_config:SelectConfig", config, overrides or [], flags)
+        _print_config("searchrl.select.config:SelectConfig", config, overrides or [], flags)
     select_command(config, overrides or [], flags)
 
 
@@ -495,7 +496,7 @@ def eval_second_hop(
     hops: int = typer.Option(1, "--hops", min=1, help="Gold searches written before the model goes on: 1 probes the second hop, 2 the third hop or (2-hop questions) reading both passages."),
 ) -> None:
     """Where the second hop fails: the retrieval ceiling per hop, and what the model does after the gold first search."""
-    from searchrl.rollout.second_hop import second_hop_command
+    from searchrl.eval.second_hop_probe import second_hop_command
 
     flags = {"model": model, "dataset": dataset, "retrieval.index": index, "limit": limit, "rollout.k": k,
              "rollout.max_searches": max_searches, "rollout.max_new_tokens": max_new_tokens}

@@ -23,6 +23,7 @@ from searchrl import metric_names as mn
 from searchrl import runinfo
 from searchrl.config import StrictModel, load_config
 from searchrl.errors import SearchRLError
+from searchrl.eval import result_names as rn
 from searchrl.runkind import check_kind, claim
 
 console = Console()
@@ -187,7 +188,7 @@ def echo_lines(named: dict[str, Path]) -> list[str]:
         path = named.get(f"eval-{label}-agent", Path("-")) / "metrics.json"
         m = json.loads(path.read_text()) if path.is_file() else {}
         if m.get(mn.QUERY_ECHO_RATE) is not None:
-            cells.append(f"{label} agent {round(m[mn.QUERY_ECHO_RATE] * m['n'])} of {m['n']} (EM {100 * m['em']:.1f} %)")
+            cells.append(f"{label} agent {round(m[mn.QUERY_ECHO_RATE] * m[rn.N])} of {m[rn.N]} (EM {100 * m[rn.EM]:.1f} %)")
     return [f"Echo, the answer is the agent's only query: {', '.join(cells)}."] if cells else []
 
 
@@ -257,7 +258,6 @@ def run_demo(cfg: DemoConfig, overrides: Sequence[str] = ()) -> Path:
 
 
 def _run_demo(cfg: DemoConfig, overrides: Sequence[str], out: Path, started: float) -> Path:
-    from searchrl.agent import load_backend
     from searchrl.data.catalog import load_dataset
     from searchrl.eval.plots import plot_run
     from searchrl.retrieval import open_retriever
@@ -265,6 +265,7 @@ def _run_demo(cfg: DemoConfig, overrides: Sequence[str], out: Path, started: flo
     from searchrl.rl.checkpoint import latest_checkpoint
     from searchrl.rl.config import TrainConfig
     from searchrl.rl.trainer import train
+    from searchrl.rollout.agent import load_backend
     from searchrl.runlog import read_metrics
 
     train_cfg = load_config(TrainConfig, cfg.train_config, list(overrides))

@@ -32,10 +32,10 @@ def config_models() -> dict[str, type[BaseModel]]:
     arguments), each with its config class. `demo` takes the training config's overrides."""
     from searchrl.ask import AskConfig
     from searchrl.data.compose import ComposeConfig
-    from searchrl.data.select_config import SelectConfig
     from searchrl.eval.config import EvalConfig
     from searchrl.eval.report_config import ReportConfig
     from searchrl.rl.config import TrainConfig
+    from searchrl.select.config import SelectConfig
 
     return {"train": TrainConfig, "eval run": EvalConfig, "eval second-hop": EvalConfig, "eval report": ReportConfig, "ask": AskConfig,
             "data select": SelectConfig, "data compose": ComposeConfig}
@@ -313,7 +313,22 @@ def metrics_page() -> str:
             also = f" Members: {', '.join(code(m.key(v)) for v in names)}." if names else ""
             rows.append((code(m.name), text(m.meaning) + also))
         out += [f"## {kind}", "", what, "", *_table(("metric", "meaning"), rows)]
-    return "\n".join(out)
+    return "\n".join(out + results_section())
+
+
+RESULTS_INTRO = (
+    "Every key of an evaluation's `metrics.json` (`searchrl eval run`; `eval compare`, `eval report`, the "
+    "model card and the demo read it), generated from its schema (`searchrl.eval.result_names`). The tool, "
+    "multi-hop and behaviour keys are the training step's, above. The judge's keys are there when a judge "
+    "was asked, the web keys when the run searched the web."
+)
+
+
+def results_section() -> list[str]:
+    from searchrl.eval import result_names as rn
+
+    rows = [(code(m.name), m.kind, text(m.meaning)) for m in rn.SCHEMA.values()]
+    return ["## Evaluation results: `metrics.json`", "", RESULTS_INTRO, "", *_table(("key", "kind", "meaning"), rows)]
 
 
 def pages() -> dict[str, str]:

@@ -143,7 +143,7 @@ def _served_protocol(cfg, tokenizer) -> tuple[dict, list[str], object, str]:
     template is bound to the tokenizer, so the export's own template is the one the run rendered
     and the manifest names none; a tag run's is its trained prompt where that is fixed text
     around the question, else the base model's stays."""
-    from searchrl.agent import AgentConfig, build_protocol
+    from searchrl.rollout.agent import AgentConfig, build_protocol
 
     protocol = build_protocol(AgentConfig(model=cfg.model, protocol=cfg.protocol, tools=cfg.tools), tokenizer)
     recorded = cfg.protocol.model_dump(mode="json")
@@ -176,7 +176,7 @@ def export(source: str | Path, out: str | Path, *, adapter: bool = False, evals:
     model, tokenizer = _load_weights(checkpoint, cfg, adapter, dtype)
     examples = None
     if cfg.protocol.format == "tags":  # before the tokenizer carries the trained prompt as its chat template
-        from searchrl.agent import AgentConfig, build_protocol
+        from searchrl.rollout.agent import AgentConfig, build_protocol
 
         trained = build_protocol(AgentConfig(model=cfg.model, protocol=cfg.protocol, tools=cfg.tools), tokenizer)
         examples = (trained.prompt(EXAMPLE_QUESTION, tokenizer), trained.format_documents(EXAMPLE_PASSAGES))

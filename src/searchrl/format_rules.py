@@ -231,10 +231,17 @@ def as_protocol(protocol: Protocol | NativeProtocol | TagSet) -> Protocol | Nati
     return Protocol(protocol) if isinstance(protocol, TagSet) else protocol
 
 
+def final_answer(traj: Trajectory, protocol: Protocol | NativeProtocol, *, cut_short: bool = False) -> str | None:
+    """The answer of a rollout: the engine's when it stopped at one, else what `protocol` reads from
+    its segments (`cut_short`: evaluation's reading, where an answer block the budget cut counts,
+    its first line). The rewards, the format check and evaluation all read it here."""
+    return traj.answer if traj.answer is not None else protocol.answer(traj.segments, cut_short=cut_short)
+
+
 def check_turns(traj: Trajectory, protocol: NativeProtocol, *, max_answer_words: int | None = None) -> FormatVerdict:
     """The format check of a tool-call rollout (the module docstring's rules)."""
     policy_text = "".join(s.text for s in traj.segments if s.source == "policy")
-    answer = traj.answer if traj.answer is not None else protocol.answer(traj.segments)
+    answer = final_answer(traj, protocol)
     failed = []
     if traj.stop_reason != "answer" or not answer:
         failed.append("answer")

@@ -214,11 +214,12 @@ RETRIEVAL_CACHE_HIT_RATE = _metric("retrieval_cache_hit_rate", "timing",
 TIMING_HEALTH = ("step_time", "trainer_idle", "rollout_wait")
 
 
-def describe(key: str) -> Metric | None:
-    """The schema entry of a record key: its own, else its family's; None when it has none."""
-    if key in SCHEMA:
-        return SCHEMA[key]
-    return next((m for m in SCHEMA.values() if m.slot and m.matches(key)), None)
+def describe(key: str, schema: dict[str, Metric] = SCHEMA) -> Metric | None:
+    """The entry of a record key in `schema` (a step's; evaluation's is `eval.result_names`): its
+    own, else its family's; None when it has none."""
+    if key in schema:
+        return schema[key]
+    return next((m for m in schema.values() if m.slot and m.matches(key)), None)
 
 
 def is_timing(key: str) -> bool:

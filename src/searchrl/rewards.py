@@ -14,7 +14,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from searchrl.config import StrictModel
 from searchrl.data.trajectory import Trajectory
-from searchrl.format_rules import as_protocol, check_format
+from searchrl.format_rules import as_protocol, check_format, final_answer
 from searchrl.metrics import ANSWER_METRICS
 from searchrl.protocol import Protocol
 from searchrl.registry import Registry
@@ -192,7 +192,7 @@ def compute_reward(
         max_answer_words=cfg.max_answer_words,
         require_think=cfg.require_think,
     )
-    prediction = traj.answer if traj.answer is not None else protocol.answer(traj.segments)
+    prediction = final_answer(traj, protocol)
     x = RewardInput(golds, traj, verdict, prediction)
     parts = {name: weight * float(REWARD_TERMS.get(name)(x, **params)) for name, weight, params in cfg.stage_terms()}
     return RewardBreakdown(

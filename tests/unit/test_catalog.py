@@ -12,6 +12,7 @@ from searchrl.data import catalog
 from searchrl.data.types import Passage, Question
 from searchrl.errors import SearchRLError
 from searchrl.eval.retrieval import recall_at_k
+from searchrl.retrieval import catalog as index_catalog
 from searchrl.retrieval import open_retriever
 from searchrl.retrieval.base import Retriever
 from searchrl.retrieval.http import HttpRetriever
@@ -146,8 +147,8 @@ def test_toyworld_index_is_built_once_and_finds_gold_passages(toy_home):
     # (measured: recall 0.76, any 0.975 on these 40); a broken id mapping gives 0.
     assert out["questions"] == 40 and out["any_found"] >= 0.8 and 0.5 <= out["recall"] <= 1
     (index_dir,) = (toy_home / "indexes").glob("toyworld-*")
-    assert catalog.named_index_dir("toyworld") == index_dir  # second call: the cached folder
-    assert ("toyworld", "BM25 over the toy world corpus", True) in catalog.list_indexes()
+    assert index_catalog.named_index_dir("toyworld") == index_dir  # second call: the cached folder
+    assert ("toyworld", "BM25 over the toy world corpus", True) in index_catalog.list_indexes()
     reopened = open_retriever(str(index_dir))  # a directory path opens directly
     try:
         assert len(first) == 3 and [p.id for p in reopened.search([questions[0].question], 3)[0]] == first
@@ -246,7 +247,7 @@ def test_index_search_takes_catalog_names_like_serve(toy_home, tmp_path, monkeyp
     from searchrl.cli import app
     from searchrl.retrieval.serving import resolve_source
 
-    built = catalog.named_index_dir("toyworld")
+    built = index_catalog.named_index_dir("toyworld")
     monkeypatch.chdir(tmp_path)
     (tmp_path / "toyworld").mkdir()  # e.g. `searchrl data toyworld --out toyworld`: no index in it
     (tmp_path / "toyworld" / "corpus.jsonl").write_text("{}\n")

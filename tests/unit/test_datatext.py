@@ -23,7 +23,6 @@ from loopback import FakeWeb
 from test_rollout import WordRetriever
 
 from searchrl import datatext
-from searchrl.agent import AgentConfig, build_agent, build_protocol
 from searchrl.assets import load_model
 from searchrl.data.types import Passage, Question
 from searchrl.eval.config import EvalConfig
@@ -32,6 +31,7 @@ from searchrl.protocol import Protocol, ProtocolConfig
 from searchrl.retrieval.base import Retriever
 from searchrl.retrieval.web.config import WebConfig
 from searchrl.retrieval.web.retriever import WebRetriever
+from searchrl.rollout.agent import AgentConfig, build_agent, build_protocol
 from searchrl.rollout.config import RolloutConfig
 from searchrl.rollout.engine import RolloutEngine
 from searchrl.rollout.hf_backend import HFBackend

@@ -20,6 +20,7 @@ from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.data.types import Passage, Question
 from searchrl.errors import RetrievalUnavailable, SearchRLError
 from searchrl.eval import multihop
+from searchrl.eval import result_names as rn
 from searchrl.eval.answer_prompts import ANSWER_EXAMPLES, answer_protocol, documents_text
 from searchrl.eval.compare import compare_markdown
 from searchrl.eval.run import EvalConfig, answer_prompt, format_verdict, predict, run_eval
@@ -140,6 +141,17 @@ def test_agent_run_numbers(world, tmp_path, tokenizer):
     md = (tmp_path / "agent" / "metrics.md").read_text()  # the table docs/guides/evaluation.md shows
     assert "| all | 3 | 33.3 | 55.6 | 1.00 | 33.3 | 1.00 | 0.50 | 0.00 |" in md
     assert "| bridge | 1 | 0.0 | 0.0 | 2.00 | 100.0 | 1.00 | 1.00 | 0.00 |" in md
+
+
+def test_metrics_json_keys_are_the_results_schema(world, tmp_path, tokenizer):
+    """Every key agent, rag and direct runs write is described by `eval.result_names`, and every
+    entry is written by one of them but those of the judge and web search (not run here)."""
+    written = set()
+    for method, policy in (("agent", agent_policy), ("rag", answer_policy), ("direct", answer_policy)):
+        written |= set(run_eval(_cfg(world, tmp_path, method), progress=False, backend=ScriptedBackend(tokenizer, policy)))
+    assert sorted(k for k in written if rn.describe(k) is None) == []
+    unwritten = {m.name for m in rn.SCHEMA.values() if not any(m.matches(k) for k in written)}
+    assert unwritten == {rn.JUDGE_REQUESTS, rn.JUDGE_CACHE_HITS, rn.JUDGE_MALFORMED, rn.WEB_COUNTER.name, rn.WEB}
 
 
 def test_format_rate_follows_the_think_rule_the_model_trained_with(world, tmp_path, tokenizer):

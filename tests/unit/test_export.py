@@ -18,7 +18,6 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
-from searchrl.agent import build_protocol
 from searchrl.ask import AskConfig
 from searchrl.assets import load_model
 from searchrl.checkpoint_meta import read_checkpoint_agent
@@ -32,6 +31,7 @@ from searchrl.export import export, find_checkpoint, read_export
 from searchrl.rl import trainer
 from searchrl.rl.checkpoint import latest_checkpoint
 from searchrl.rl.config import TrainConfig
+from searchrl.rollout.agent import build_protocol
 from searchrl.toolformat import load_chat_template
 
 MARKER_CEM = 0.4321  # an evaluation's cover-EM, to be found in the card as 43.2

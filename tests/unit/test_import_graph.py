@@ -12,24 +12,29 @@ resolved. Imports count wherever they sit: at module level, inside functions, an
   `tools.context`). A package's `__init__` importing a module inside that package is a
   re-export, not a dependency, so it never makes such a pair (a submodule importing its own
   package back at run time is still a cycle, caught above);
+- the top-level packages and modules (`searchrl.rollout`, `searchrl.tags`, ...) form no cycle
+  either, counting every import that runs: a module of one package that a module of another
+  imports back ties the two into one knot, whichever modules the imports name (a type only one
+  side's `TYPE_CHECKING` block names does not: it never runs);
 - the text format (`tags`, `protocol`), the rewards, every `eval` and every `data` module load
-  neither the rollout engine nor the trainer: they work on `Trajectory` values, whoever produced
-  them. The rollout config (which `eval run` and `data select` nest) and the backend interface it
-  names are no engine;
-- nothing under `searchrl.data` imports `searchrl.rollout` itself, save its config.
+  neither the rollout engine nor the trainer at module level: they work on `Trajectory` values,
+  whoever produced them (an eval command that runs a model loads the engine when it runs it);
+- nothing under `searchrl.data` imports `searchrl.rollout`: the ground types know no job.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import itertools
 from pathlib import Path
 
 import searchrl
 
 SRC = Path(searchrl.__file__).parent
-ENGINE = ("searchrl.rollout", "searchrl.rl")
-NOT_ENGINE = {"searchrl.rollout", "searchrl.rollout.config", "searchrl.rollout.backend"}
+# What generates or trains: the rollout engine, the generation backends, the RL step and trainer.
+ENGINE = {"searchrl.rollout.engine", "searchrl.rollout.hf_backend", "searchrl.rollout.vllm_backend",
+          "searchrl.rl.actor", "searchrl.rl.step", "searchrl.rl.trainer"}
 
 
 def _module_name(path: Path) -> str:
@@ -110,6 +115,19 @@ def _mutual_pairs() -> set[tuple[str, str]]:
     }
 
 
+def _package(module: str) -> str:
+    """The top-level package or module of `module`: `searchrl.rollout.engine` -> `searchrl.rollout`."""
+    return ".".join(module.split(".")[:2])
+
+
+def _package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """`graph` between top-level packages and modules: an edge for every import that crosses two."""
+    packages: dict[str, set[str]] = {_package(m): set() for m in graph}
+    for module, targets in graph.items():
+        packages[_package(module)] |= {_package(t) for t in targets} - {_package(module)}
+    return packages
+
+
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     """One cycle as [a, b, ..., a], or None."""
     state: dict[str, int] = {}  # 1 = on the current path, 2 = done
@@ -152,7 +170,7 @@ def test_graph_covers_the_package():
     top, _ = _graphs()
     assert {"searchrl", "searchrl.tags", "searchrl.protocol", "searchrl.eval.run"} <= set(top)
     assert "searchrl.tags" in top["searchrl.prompts"]  # `from searchrl.tags import ...`
-    assert "searchrl.rollout.config" in top["searchrl.rl.config"]
+    assert "searchrl.rollout.agent" in top["searchrl.rl.config"]
     assert "searchrl.eval.resume" in top["searchrl.eval.run"]  # `from searchrl.eval import resume as saved`
     typed = _graph("type_checking")
     assert "searchrl.tools.context" in typed["searchrl.tools.base"]  # under `if TYPE_CHECKING:`
@@ -199,6 +217,22 @@ def test_no_function_level_import_closes_a_cycle():
     assert cycle is None, "import cycle through a function-level import: " + " -> ".join(cycle)
 
 
+def test_packages_form_no_cycle():
+    _, every = _graphs()
+    packages = _package_graph(every)
+    assert {"searchrl.rollout", "searchrl.select", "searchrl.eval", "searchrl.tags"} <= set(packages)
+    cycle = _cycle(packages)
+    assert cycle is None, "package-level import cycle: " + " -> ".join(cycle) + "\n" + "\n".join(
+        f"  {module} -> {target}" for a, b in itertools.pairwise(cycle) for module in sorted(every) if _package(module) == a
+        for target in sorted(every[module]) if _package(target) == b)
+
+
+def test_the_package_graph_sees_a_cycle_between_modules_of_two_packages():
+    graph = {"searchrl.a.x": {"searchrl.b.y"}, "searchrl.b.y": set(), "searchrl.b.z": {"searchrl.a"}, "searchrl.a": set()}
+    assert _cycle(graph) is None
+    assert _cycle(_package_graph(graph)) in (["searchrl.a", "searchrl.b", "searchrl.a"], ["searchrl.b", "searchrl.a", "searchrl.b"])
+
+
 def test_no_two_modules_import_each_other():
     pairs = _mutual_pairs()
     assert not pairs, "modules importing each other (move what both need into a third module):\n" + "\n".join(
@@ -213,17 +247,16 @@ def test_a_package_reexporting_its_modules_is_no_pair():
     assert not _is_reexport("searchrl.eval.report", "searchrl.eval.report_table")  # not a package
 
 
-def test_data_imports_no_rollout_but_its_config():
+def test_data_imports_no_rollout():
     every = _graph("module", "function", "type_checking")
     found = [
         f"{module} imports {target}"
         for module in MODULES
         if module.startswith("searchrl.data")
         for target in sorted(every[module])
-        if (target == "searchrl.rollout" or target.startswith("searchrl.rollout.")) and target != "searchrl.rollout.config"
+        if _package(target) == "searchrl.rollout"
     ]
     assert not found, "\n".join(found)
-    assert "searchrl.rollout.config" in every["searchrl.data.select_config"]  # the one allowed: `data select` nests it
 
 
 def test_text_format_rewards_eval_and_data_load_no_engine_or_trainer():
@@ -234,6 +267,6 @@ def test_text_format_rewards_eval_and_data_load_no_engine_or_trainer():
         " -> ".join(chain)
         for module in checked
         for name, chain in _loaded_by(module, top).items()
-        if (name.startswith(tuple(f"{p}." for p in ENGINE)) or name in ENGINE) and name not in NOT_ENGINE
+        if name in ENGINE
     ]
     assert not leaks, "imported at module level:\n" + "\n".join(leaks)

@@ -28,10 +28,10 @@ import torch
 from test_native_calls import LLAMA31, LLAMA_SPECIALS, QWEN3, QWEN25, SCHEMAS
 from test_rollout import WordRetriever
 
-from searchrl.agent import AgentConfig, build_protocol
 from searchrl.assets import load_model
 from searchrl.data.types import Question
 from searchrl.protocol import ProtocolConfig
+from searchrl.rollout.agent import AgentConfig, build_protocol
 from searchrl.rollout.backend import SamplingParams
 from searchrl.rollout.config import RolloutConfig
 from searchrl.rollout.engine import RolloutEngine

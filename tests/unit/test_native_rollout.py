@@ -11,12 +11,12 @@ import re
 import pytest
 from test_rollout import WordRetriever
 
-from searchrl.agent import AgentConfig, build_protocol
 from searchrl.assets import load_tokenizer
 from searchrl.data.types import Question
 from searchrl.format_rules import check_format
 from searchrl.protocol import ProtocolConfig
 from searchrl.rewards import RewardConfig, compute_reward
+from searchrl.rollout.agent import AgentConfig, build_protocol
 from searchrl.rollout.config import RolloutConfig
 from searchrl.rollout.engine import ANSWER_ROOM, RolloutEngine
 from searchrl.rollout.scripted import ScriptedBackend

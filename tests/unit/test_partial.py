@@ -15,11 +15,11 @@ from test_async import _run
 from test_rollout import PASSAGES, QUESTIONS, WordRetriever, assert_matches_recompute, prompts_for
 
 from searchrl import metric_names as mn
-from searchrl.agent import Agent
 from searchrl.assets import load_model
 from searchrl.protocol import Protocol
 from searchrl.retrieval.querycache import CachedRetriever
 from searchrl.rl.config import TrainConfig
+from searchrl.rollout.agent import Agent
 from searchrl.rollout.backend import SamplingParams
 from searchrl.rollout.config import RolloutConfig
 from searchrl.rollout.engine import RolloutEngine

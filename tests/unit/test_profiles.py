@@ -12,18 +12,18 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from searchrl.agent import AgentConfig
 from searchrl.ask import AskConfig
 from searchrl.checkpoint_meta import AGENT_FILE, read_checkpoint_agent
 from searchrl.cli import app
 from searchrl.config import load_config
-from searchrl.data.select_config import SelectConfig
 from searchrl.errors import DataWarning, SearchRLError
 from searchrl.eval.config import EvalConfig
 from searchrl.eval.view import write_view
 from searchrl.profiles import describe, profile_for, renders_tools
 from searchrl.rl import trainer
 from searchrl.rl.config import TrainConfig
+from searchrl.rollout.agent import AgentConfig
+from searchrl.select.config import SelectConfig
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # A ChatML template without a tool section, and the same with Qwen2.5's way of listing tools.

@@ -1,5 +1,5 @@
 """`searchrl eval second-hop`: the retrieval ceiling per hop and the reading of the step after the
-gold first search (`searchrl.eval.second_hop`), and the probe (`searchrl.rollout.second_hop`) run
+gold first search (`searchrl.eval.second_hop`), and the probe (`searchrl.eval.second_hop_probe`) run
 through the real engine and index with a scripted policy whose next steps are known: the towns
 world of test_sft.py (town -> river -> hills)."""
 
@@ -10,17 +10,17 @@ import doctest
 import pytest
 from test_sft import _questions, gold_world  # noqa: F401  (a fixture)
 
-from searchrl.agent import AgentConfig, build_agent
 from searchrl.assets import load_tokenizer
 from searchrl.data.types import Question
 from searchrl.errors import SearchRLError
 from searchrl.eval import second_hop
 from searchrl.eval.second_hop import HopRanks, ceiling_rows, hop_ranks, next_step, next_step_rows
+from searchrl.eval.second_hop_probe import probe
 from searchrl.protocol import ProtocolConfig
 from searchrl.retrieval import open_retriever
+from searchrl.rollout.agent import AgentConfig, build_agent
 from searchrl.rollout.config import RolloutConfig
 from searchrl.rollout.scripted import ScriptedBackend
-from searchrl.rollout.second_hop import probe
 
 Q = Question("q", "Where was the director of Falnyk born?", ("Gimnamburg",), type="bridge-2hop")
 DOCS = "(1)Title: Falnyk Text: Directed by Kheno Muard, Falnyk is a drama film."
@@ -137,7 +137,7 @@ def test_copy_rows_read_the_entities_of_an_agents_own_queries():
 def test_command_without_the_probe_reads_an_agent_run(gold_world, tmp_path):  # noqa: F811
     import json
 
-    from searchrl.rollout.second_hop import second_hop_command
+    from searchrl.eval.second_hop_probe import second_hop_command
 
     run = tmp_path / "agent"
     run.mkdir()

@@ -12,13 +12,13 @@ from typer.testing import CliRunner
 from searchrl.assets import load_tokenizer
 from searchrl.cli import app
 from searchrl.config import load_config
-from searchrl.data.buckets import Tally, bucket_of
 from searchrl.data.loaders import load_questions
-from searchrl.data.select import SelectConfig, read_rounds, run_select
 from searchrl.data.types import Passage, Question
 from searchrl.errors import SearchRLError
 from searchrl.retrieval.index import build_index
 from searchrl.rollout.scripted import ScriptedBackend
+from searchrl.select.buckets import Tally, bucket_of
+from searchrl.select.run import SelectConfig, read_rounds, run_select
 
 # Which rollouts (1-based, in sampling order) of each question answer right.
 CORRECT_AT = {
@@ -405,7 +405,8 @@ def test_shipped_select_config_validates():
 def test_doctests_pass():
     import doctest
 
-    from searchrl.data import buckets, compose
+    from searchrl.data import compose
+    from searchrl.select import buckets
 
     for module in (buckets, compose):
         result = doctest.testmod(module)

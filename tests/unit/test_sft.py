@@ -13,7 +13,6 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from searchrl.agent import AgentConfig, build_protocol
 from searchrl.assets import load_tokenizer
 from searchrl.cli import app
 from searchrl.config import load_config
@@ -30,6 +29,7 @@ from searchrl.rl.checkpoint import latest_checkpoint
 from searchrl.rl.config import TrainConfig
 from searchrl.rl.losses import policy_loss, sft_loss
 from searchrl.rl.preflight import preflight
+from searchrl.rollout.agent import AgentConfig, build_protocol
 from searchrl.rollout.config import RolloutConfig
 from searchrl.rollout.engine import RolloutEngine
 from searchrl.rollout.gold import evidence_sentence, gold_paths, gold_trajectories

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from searchrl.cli import app
 from searchrl.data import catalog
+from searchrl.retrieval import catalog as index_catalog
 
 NARROW = 60
 
@@ -44,7 +45,7 @@ def catalog_of_three(monkeypatch):
              catalog.DatasetInfo("toyworld:test", "the toy world's test split", "generated", 200),
              catalog.DatasetInfo("2wiki", "2WikiMultihopQA dev", "shared/data/2wiki/dev.jsonl", None, "no data folder")]
     monkeypatch.setattr(catalog, "list_datasets", lambda: infos)
-    monkeypatch.setattr(catalog, "list_indexes", lambda: [("localwiki", "BM25 over the benchmarks' paragraphs", True)])
+    monkeypatch.setattr(index_catalog, "list_indexes", lambda: [("localwiki", "BM25 over the benchmarks' paragraphs", True)])
 
 
 def test_data_list(catalog_of_three):

@@ -24,6 +24,7 @@ from searchrl.data.toyworld.render import RELATION_NAMES as MAIN_RELATION_NAMES
 from searchrl.data.toyworld.render import render as render_main
 from searchrl.errors import DataError
 from searchrl.eval.retrieval import recall_at_k
+from searchrl.retrieval import catalog as index_catalog
 from searchrl.retrieval import open_retriever
 
 HOPS = {"bridge-2hop": 2, "bridge-3hop": 3, "comparison": 2, "bridge-comparison": 4, "inference": 2}
@@ -187,7 +188,7 @@ def test_catalog_builds_the_held_out_test_set_and_its_index(home, tmp_path) -> N
     # Invented names are rare words, so BM25 finds a first hop of nearly every question; a broken
     # id mapping gives 0 (measured: recall 0.72, any 0.97 on all 250).
     assert out["any_found"] >= 0.8 and 0.5 <= out["recall"] <= 1
-    assert ("toyworld-alt", "BM25 over the held-out toy world corpus", True) in catalog.list_indexes()
+    assert ("toyworld-alt", "BM25 over the held-out toy world corpus", True) in index_catalog.list_indexes()
     (index_dir,) = (home / "indexes").glob("toyworld-*")  # the main world's index was never built
-    assert index_dir.name.startswith("toyworld-alt-") and catalog.named_index_dir("toyworld-alt") == index_dir
+    assert index_dir.name.startswith("toyworld-alt-") and index_catalog.named_index_dir("toyworld-alt") == index_dir
 

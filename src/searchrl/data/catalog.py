@@ -1,8 +1,7 @@
-"""Named datasets and indexes, built on first use and cached under `cache_dir()`.
-
-`load_dataset("hotpotqa-ircot")`, `load_dataset("toyworld:train")`, `load_dataset("my.jsonl")`,
-`load_dataset("hf:RUC-NLPIR/FlashRAG_datasets@hotpotqa:dev")`; `named_index_dir("localwiki")` (what
-`searchrl.retrieval.open_retriever("localwiki")` opens).
+"""Named datasets and the corpora they come with, built on first use and cached under
+`cache_dir()`: `load_dataset("hotpotqa-ircot")`, `load_dataset("toyworld:train")`,
+`load_dataset("my.jsonl")`, `load_dataset("hf:RUC-NLPIR/FlashRAG_datasets@hotpotqa:dev")`. The
+indexes over those corpora are `searchrl.retrieval.catalog`'s.
 Cache writes go to a temporary sibling folder that is renamed into place, so two processes
 building the same thing at once never see half a build (the loser's copy is discarded).
 """
@@ -38,15 +37,7 @@ class DatasetEntry:
     count: Callable[[], int]  # cheap: never builds an index, at most parses one file
 
 
-@dataclass(frozen=True)
-class IndexEntry:
-    name: str
-    description: str
-    build: Callable[[Path], None]  # writes the index into the given (empty) folder
-
-
 DATASETS: Registry[DatasetEntry] = Registry("dataset")
-INDEXES: Registry[IndexEntry] = Registry("index")
 
 
 # ---------------------------------------------------------------- cache
@@ -168,7 +159,7 @@ def _generator(world: str) -> tuple[int, Any, Callable, Callable]:
     return VERSION, AltWorldConfig(), generate, write
 
 
-def _world_rel(world: str) -> str:
+def world_rel(world: str) -> str:
     version, config, _, _ = _generator(world)
     # The generator version and the default config name the cache: a changed generator rebuilds.
     fields = {"version": version, **config.model_dump()}
@@ -184,7 +175,7 @@ def world_dir(world: str) -> Path:
         _log(f"generating {world} (default config; cached afterwards) ...")
         write(generate(config), tmp)
 
-    return cached_build(_world_rel(world), build)
+    return cached_build(world_rel(world), build)
 
 
 def _world_entry(world: str, split: str, description: str) -> None:
@@ -194,7 +185,7 @@ def _world_entry(world: str, split: str, description: str) -> None:
         return load_questions(world_dir(world) / f"{split}.jsonl", source=name)
 
     def count() -> int:
-        built = cache_dir() / _world_rel(world) / f"{split}.jsonl"
+        built = cache_dir() / world_rel(world) / f"{split}.jsonl"
         if built.is_file():
             return _count_lines(built)
         return getattr(_generator(world)[1], split)  # generation yields exactly this many or raises
@@ -269,73 +260,6 @@ def list_datasets() -> list[DatasetInfo]:
     return infos
 
 
-# ---------------------------------------------------------------- indexes
-
-def _index_entry(name: str, description: str, passages: Callable[[], list], kind: str) -> None:
-    def build(tmp: Path) -> None:
-        from searchrl.retrieval.index import build_index
-
-        items = passages()
-        _log(f"building index {name!r} over {len(items)} passages ({kind}; first use, cached afterwards) ...")
-        started = time.perf_counter()
-        build_index(items, tmp, kind=kind, source=f"catalog:{name}")
-        _log(f"index {name!r} built in {time.perf_counter() - started:.1f}s")
-
-    INDEXES.register(name)(IndexEntry(name, description, build))
-
-
-def _localwiki_passages() -> list:
-    from searchrl.data.localwiki import read_corpus
-
-    return read_corpus(localwiki_dir() / "corpus.jsonl")
-
-
-def _world_passages(world: str) -> Callable[[], list]:
-    def passages() -> list:
-        from searchrl.data.localwiki import read_corpus
-
-        return read_corpus(world_dir(world) / "corpus.jsonl")
-
-    return passages
-
-
-_index_entry("toyworld", "BM25 over the toy world corpus", _world_passages("toyworld"), "bm25")
-_index_entry("toyworld-alt", "BM25 over the held-out toy world corpus", _world_passages("toyworld-alt"), "bm25")
-_index_entry("localwiki", "BM25 over localwiki (~22k real Wikipedia paragraphs)", _localwiki_passages, "bm25")
-_index_entry("localwiki-dense", "all-MiniLM-L6-v2 + exact inner-product FAISS over localwiki", _localwiki_passages, "dense")
-
-
-def _index_rel(name: str) -> str:
-    if name in ("toyworld", "toyworld-alt"):
-        return f"indexes/{name}-{_world_rel(name).rsplit('-', 1)[1]}"
-    from searchrl.data.localwiki import VERSION
-
-    return f"indexes/{name}-v{VERSION}"
-
-
-def named_index_dir(name: str) -> Path:
-    """The folder of catalog index `name`, built on first use."""
-    if name not in INDEXES:
-        raise SearchRLError(
-            f"unknown index {name!r}; give a catalog index ({', '.join(INDEXES.names())}), "
-            "the directory of an index built with `searchrl index build`, or an http(s):// "
-            "retrieval server URL"
-        )
-    return cached_build(_index_rel(name), INDEXES.get(name).build)
-
-
-def list_indexes() -> list[tuple[str, str, bool]]:
-    """(name, description, already built?) for every catalog index."""
-    out = []
-    for name in INDEXES.names():
-        try:
-            built = (cache_dir() / _index_rel(name)).is_dir()
-        except ImportError:
-            built = False
-        out.append((name, INDEXES.get(name).description, built))
-    return out
-
-
 def data_available() -> bool:
     """Whether the benchmark data folder is present (most catalog datasets need it)."""
     return find_shared_data() is not None
@@ -343,8 +267,9 @@ def data_available() -> bool:
 
 # ---------------------------------------------------------------- CLI bodies
 
-def list_command() -> None:
-    """`searchrl data list`: tables of the catalog datasets and indexes."""
+def list_command(indexes: list[tuple[str, str, bool]]) -> None:
+    """`searchrl data list`: tables of the catalog datasets and of `indexes` ((name, description,
+    built?) of each catalog index: `searchrl.retrieval.catalog.list_indexes`)."""
     from rich.console import Console
     from rich.text import Text
 
@@ -358,7 +283,7 @@ def list_command() -> None:
                           Column("description", wrap=True)], rows, title="datasets (searchrl data show NAME)")
     console.print()
     print_table(console, [Column("name"), Column("built"), Column("description", wrap=True)],
-                [[name, "yes" if built else "no", description] for name, description, built in list_indexes()],
+                [[name, "yes" if built else "no", description] for name, description, built in indexes],
                 title="indexes (--index NAME; built on first use)")
     if not data_available():
         console.print("[yellow]benchmark data folder not found; set SEARCHRL_DATA=/path/to/shared/data[/]")

@@ -15,26 +15,27 @@ from rich.console import Console
 
 from searchrl.data.textio import read_json
 from searchrl.errors import DataError, SearchRLError
+from searchrl.eval import result_names as rn
 from searchrl.eval.multihop import HEADER, right_aligned, type_rows
 from searchrl.eval.summary import fmt_number, fmt_percent
 from searchrl.tables import Column, markdown_table, print_table, short_path
 
 # (metrics.json key, column header, kind): kind "pct" = fraction shown in %, else digits.
 COLUMNS: tuple[tuple[str, str, str | int], ...] = (
-    ("n", "n", 0),
-    ("em", "EM %", "pct"),
-    ("f1", "F1 %", "pct"),
-    ("cover_em", "CEM %", "pct"),
-    ("cover_em_substring", "CEM-sub %", "pct"),
-    ("acc_l", "ACC_L %", "pct"),
-    ("format_ok_rate", "format %", "pct"),
-    ("search_rate", "searched %", "pct"),
-    ("mean_searches", "searches/q", 2),
-    ("retrieval_recall", "recall %", "pct"),
-    ("mean_generated_tokens", "tokens/q", 1),
-    ("seconds", "seconds", 1),
+    (rn.N, "n", 0),
+    (rn.EM, "EM %", "pct"),
+    (rn.F1, "F1 %", "pct"),
+    (rn.COVER_EM, "CEM %", "pct"),
+    (rn.COVER_EM_SUBSTRING, "CEM-sub %", "pct"),
+    (rn.ACC_L, "ACC_L %", "pct"),
+    (rn.FORMAT_OK_RATE, "format %", "pct"),
+    (rn.SEARCH_RATE, "searched %", "pct"),
+    (rn.MEAN_SEARCHES, "searches/q", 2),
+    (rn.RETRIEVAL_RECALL, "recall %", "pct"),
+    (rn.MEAN_GENERATED_TOKENS, "tokens/q", 1),
+    (rn.SECONDS, "seconds", 1),
 )
-RUN_COLUMNS = ("run", "model", "method", "dataset")
+RUN_COLUMNS = ("run", rn.MODEL, rn.METHOD, rn.DATASET)
 
 
 def read_metrics(folder: str | Path) -> dict:

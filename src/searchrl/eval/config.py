@@ -7,18 +7,21 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from searchrl.agent import AgentConfig
 from searchrl.judge import JudgeConfig
-from searchrl.protocol import ProtocolConfig
-from searchrl.retrieval import RetrievalConfig
-from searchrl.rollout.config import EVAL_ROLLOUT, EvalRollout, RolloutConfig
+from searchrl.rollout.agent import AgentConfig, AgentDefaults
+from searchrl.rollout.config import EVAL_ROLLOUT
 
 METHODS = ("agent", "rag", "direct")
 
 
 class EvalConfig(AgentConfig):
     """One evaluation run. Every field is also a `--set key=value` (nested: `rollout.k=3`); the
-    common ones are `searchrl eval run` flags."""
+    common ones are `searchrl eval run` flags. An agent rollout decodes greedily with k=5 (the
+    paper's evaluation); rag and direct answer in their own answer prompt (in chat form when the
+    template is a chat one), serve no search and answer within answer_max_new_tokens; agent and
+    rag need a retrieval source, direct none."""
+
+    defaults = AgentDefaults(rollout=EVAL_ROLLOUT)
 
     method: Literal["agent", "rag", "direct"] = Field(
         "agent",
@@ -29,19 +32,6 @@ class EvalConfig(AgentConfig):
         "toyworld:test", description="Catalog dataset name, question file path, or hf:NAME[@CONFIG][:SPLIT]."
     )
     limit: int | None = Field(None, ge=1, description="Evaluate only the first N questions; None = all.")
-    protocol: ProtocolConfig = Field(
-        default_factory=ProtocolConfig,
-        description="Tags, prompt template, documents style. Rag/direct use their own answer prompt, in chat form "
-        "when the template is a chat one.",
-    )
-    rollout: EvalRollout = Field(
-        default_factory=lambda: RolloutConfig(**EVAL_ROLLOUT),
-        description="Generation: backend, k (paper: 5 in evaluation), searches and policy tokens of an agent rollout, "
-        "batch size; greedy. Rag/direct serve no search and answer within answer_max_new_tokens.",
-    )
-    retrieval: RetrievalConfig = Field(
-        default_factory=RetrievalConfig, description="Index, retrieval server or web search; agent and rag need one, direct none."
-    )
     judge: JudgeConfig = Field(
         default_factory=JudgeConfig, description="ACC_L: the LLM judge asked about every prediction (judge.url null = none); "
         "verdicts are cached on disk, so scoring the same predictions again costs nothing.",

@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from searchrl.agent import load_backend
 from searchrl.config import dump_config, load_config
 from searchrl.errors import SearchRLError
 from searchrl.eval import resume as saved
@@ -31,6 +30,7 @@ from searchrl.eval.report_config import PlannedRun, ReportConfig, dataset_name
 from searchrl.eval.report_table import write_report
 from searchrl.eval.run import EvalConfig, run_eval
 from searchrl.retrieval import RetrievalConfig
+from searchrl.rollout.agent import load_backend
 from searchrl.runkind import check_kind, claim
 
 

@@ -6,17 +6,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from searchrl.agent import AgentConfig, check_tools_of_format
 from searchrl.config import StrictModel
 from searchrl.eval.config import EvalConfig
 from searchrl.judge import JudgeConfig
 from searchrl.profiles import apply_profile
 from searchrl.protocol import ProtocolConfig
-from searchrl.rollout.config import EVAL_ROLLOUT, EvalRollout, RolloutConfig
+from searchrl.rollout.agent import AgentConfig, AgentDefaults, agent_field, check_tools_of_format
+from searchrl.rollout.config import RolloutConfig
 
 DEFAULT_DATASETS = [
     "hotpotqa-ircot",
@@ -33,12 +33,14 @@ AGENT_KEYS = ("profile", "protocol", "tools")  # what the model profile fills (`
 
 class ReportConfig(StrictModel):
     """`searchrl eval report`. Every field is also a `--set key=value`; the shared sections
-    (protocol, rollout, judge) are those of `eval run` and go unchanged into every run."""
+    (protocol, rollout, judge) are those of `eval run` and go unchanged into every run. The agent
+    sections but retrieval are the agent config's, with `eval run`'s defaults: the model evaluated
+    (a hub id, a checkpoint or a `searchrl export` folder), and the protocol and tools of its
+    agent runs, where not set the model profile's (a checkpoint's or an export's own: what it was
+    trained with; set otherwise, it is used and warned about)."""
 
-    model: str = Field(
-        "smollm2-135m",
-        description="Model evaluated: smollm2-135m, a hub id, a checkpoint or a `searchrl export` folder.",
-    )
+    defaults: ClassVar[AgentDefaults] = EvalConfig.defaults
+    model: str = AgentConfig.model_fields["model"]
     profile: str = AgentConfig.model_fields["profile"]
     datasets: list[str] = Field(
         default_factory=lambda: list(DEFAULT_DATASETS),
@@ -60,21 +62,9 @@ class ReportConfig(StrictModel):
     limit: int | None = Field(
         50, ge=1, description="First N questions of each dataset (CPU-sized default); null = all."
     )
-    protocol: ProtocolConfig = Field(
-        default_factory=ProtocolConfig,
-        description="Tags or native tool calls, prompt template, documents style of the agent runs; what is not set "
-        "is the model profile's: a checkpoint's or an export's own (what it was trained with; set otherwise, it is "
-        "used and warned about), smollm2-135m's the CPU demo's search-r1 tags and oneshot prompt.",
-    )
-    tools: list[str] = Field(
-        default_factory=lambda: ["search"], min_length=1,
-        description="Tools of the agent runs (a tool-call protocol's; the tag protocols speak search only); default "
-        "the model profile's (a checkpoint's or an export's own).",
-    )
-    rollout: EvalRollout = Field(
-        default_factory=lambda: RolloutConfig(**EVAL_ROLLOUT),
-        description="Backend (hf | vllm), k, searches and tokens of an agent rollout, batch size; greedy (eval run's defaults).",
-    )
+    protocol: ProtocolConfig = AgentConfig.model_fields["protocol"]
+    tools: list[str] = AgentConfig.model_fields["tools"]
+    rollout: RolloutConfig = agent_field("rollout", EvalConfig.defaults)
     judge: JudgeConfig = Field(
         default_factory=JudgeConfig, description="ACC_L judge (judge.url null = no ACC_L column)."
     )
@@ -96,7 +86,8 @@ class ReportConfig(StrictModel):
             return data
         given = {key: data[key] for key in ("model", *AGENT_KEYS) if key in data}
         filled = apply_profile(given, cls.model_fields["model"].default)
-        return {**data, **{key: filled[key] for key in ("model", *AGENT_KEYS) if key in filled}}  # a run: its checkpoint
+        data = {**data, **{key: filled[key] for key in ("model", *AGENT_KEYS) if key in filled}}  # a run: its checkpoint
+        return cls.defaults.fill(data)
 
     @model_validator(mode="after")
     def _check(self) -> ReportConfig:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from searchrl.eval import result_names as rn
 from searchrl.eval.compare import column_labels, metric_cells
 from searchrl.eval.paper import (
     PAPER_RESULTS,
@@ -21,25 +22,25 @@ from searchrl.tables import markdown_table
 
 Result = tuple[PlannedRun, dict]  # a run and its metrics.json
 CHARTS = (
-    ("cover_em", "cover-EM % (ACC_R)"),
-    ("f1", "F1 %"),
-    ("em", "EM %"),
-    ("acc_l", "ACC_L % (LLM judge)"),
+    (rn.COVER_EM, "cover-EM % (ACC_R)"),
+    (rn.F1, "F1 %"),
+    (rn.EM, "EM %"),
+    (rn.ACC_L, "ACC_L % (LLM judge)"),
 )
 REFERENCE = "paper: R1-Searcher, Qwen-2.5-7B-Base (29M passages)"
 
 
 def _keys(judged: bool) -> list[str]:
     return [
-        "n",
-        "em",
-        "cover_em",
-        "f1",
-        *(["acc_l"] if judged else []),
-        "format_ok_rate",
-        "mean_searches",
-        "retrieval_recall",
-        "seconds",
+        rn.N,
+        rn.EM,
+        rn.COVER_EM,
+        rn.F1,
+        *([rn.ACC_L] if judged else []),
+        rn.FORMAT_OK_RATE,
+        rn.MEAN_SEARCHES,
+        rn.RETRIEVAL_RECALL,
+        rn.SECONDS,
     ]
 
 
@@ -83,7 +84,7 @@ def results_table(results: Sequence[Result], judged: bool) -> list[str]:
 
 def _score(get, judged: bool, missing: str = "n/a") -> str:
     """cover-EM (/ ACC_L); `missing` for a value not there (ours: not judged, the paper's: not reported)."""
-    cem, acc = (get(k) for k in ("cover_em", "acc_l"))
+    cem, acc = (get(k) for k in (rn.COVER_EM, rn.ACC_L))
     if cem is None and (acc is None or not judged):
         return "—"
     show = lambda v: missing if v is None else fmt_percent(v)
@@ -121,7 +122,7 @@ def paper_layout(results: Sequence[Result], model: str, judged: bool) -> list[st
 
 
 def _corpus(cfg: ReportConfig, results: Sequence[Result]) -> str:
-    from searchrl.data.catalog import INDEXES, named_index_dir
+    from searchrl.retrieval.catalog import INDEXES, named_index_dir
     from searchrl.retrieval.store import read_manifest
 
     used = list(dict.fromkeys(run.retriever for run, _ in results if run.retriever))
@@ -148,7 +149,7 @@ def _chart(cfg: ReportConfig, results: Sequence[Result], judged: bool, model_lab
     }
     panels = {}
     for key, label in CHARTS:
-        if key == "acc_l" and not judged:
+        if key == rn.ACC_L and not judged:
             continue
         series = {
             " · ".join(x for x in (method, retriever) if x): [
@@ -187,7 +188,7 @@ def _header(
     model_label: str,
 ) -> list[str]:
     """Title, the not-comparable warning and the settings every row shares."""
-    ns = ", ".join(map(str, sorted({m["n"] for _, m in results})))
+    ns = ", ".join(map(str, sorted({m[rn.N] for _, m in results})))
     warning = (
         f"**{model_label} on a small local corpus: not comparable to the paper.** The *paper* rows are "
         "7–8B models (and GPT-4o-mini / QwQ-32B pipelines) on 500 questions per benchmark (Bamboogle 125) "
@@ -216,7 +217,7 @@ def _header(
         f"the corpus, not the method): {', '.join(map(dataset_name, closed)) or 'none'}{skipped}"
     )
     judge = f"{cfg.judge.model} at {cfg.judge.url}" if cfg.judge.url else "none"
-    seconds = sum(m["seconds"] for _, m in results)
+    seconds = sum(m[rn.SECONDS] for _, m in results)
     return [
         f"# Real-benchmark report: {model_label}",
         "",
@@ -238,7 +239,7 @@ def write_report(cfg: ReportConfig, results: Sequence[Result], closed: Sequence[
 
     out = Path(cfg.out)
     params = stored_parameter_count(cfg.model)
-    judged = cfg.judge.url is not None or any(m.get("acc_l") is not None for _, m in results)
+    judged = cfg.judge.url is not None or any(m.get(rn.ACC_L) is not None for _, m in results)
     layout = "cover-EM / ACC_L %" if judged else "cover-EM % (ACC_R)"
     model_label = f"{cfg.model} ({params / 1e6:.1f}M parameters)" if params else cfg.model
     lines = _header(cfg, results, closed, params, model_label)

@@ -20,6 +20,7 @@ from searchrl.config import C, flag_overrides, load_config
 from searchrl.data.textio import read_appended_jsonl
 from searchrl.data.types import Question
 from searchrl.errors import SearchRLError
+from searchrl.eval import result_names as rn
 from searchrl.eval.spending import SPENT_KEYS
 from searchrl.runkind import check_kind
 
@@ -118,7 +119,7 @@ def spent_so_far(out: Path) -> dict:
         if (out / name).is_file():
             saved = json.loads((out / name).read_text())
             return {k: saved[k] for k in SPENT_KEYS if saved.get(k) is not None}
-    return {"seconds": 0.0}
+    return {rn.SECONDS: 0.0}
 
 
 def save_progress(out: Path, spent: dict) -> None:

@@ -42,12 +42,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from searchrl.agent import Agent, build_agent
 from searchrl.config import dump_config
 from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.data.types import Passage, Question
 from searchrl.datatext import data, data_passage
 from searchrl.errors import SearchRLError
+from searchrl.eval import result_names as rn
 from searchrl.eval import resume as saved
 from searchrl.eval.answer_prompts import (
     answer_prompt,
@@ -62,6 +62,7 @@ from searchrl.profiles import announce
 from searchrl.protocol import Protocol
 from searchrl.retrieval.base import Retriever
 from searchrl.retrieval.web.record import RECORD_DIR
+from searchrl.rollout.agent import Agent, build_agent
 from searchrl.runinfo import recorded_run, retrieval_record
 from searchrl.runkind import claim
 from searchrl.runlock import RunLock
@@ -87,8 +88,10 @@ class NoRetriever(Retriever):
 def predict(traj: Trajectory, method: str, protocol: Protocol) -> str | None:
     """The prediction of one trajectory (module docstring: an agent's answer the budget cut is its
     first line; rag/direct fall back to the first line)."""
+    from searchrl.format_rules import final_answer
+
     if method == "agent":
-        return traj.answer if traj.answer is not None else protocol.answer(traj.segments, cut_short=True)
+        return final_answer(traj, protocol, cut_short=True)
     return protocol.answer(traj.segments, opened=True)
 
 
@@ -195,7 +198,7 @@ def run_eval(cfg: EvalConfig, progress: bool = True, backend=None, resume: bool 
         else:
             if not overwrite:
                 saved.refuse_existing(out)
-            recs, spent = [], {"seconds": 0.0}
+            recs, spent = [], {rn.SECONDS: 0.0}
         with recorded_run(out, "eval run", extra=retrieval_record(cfg.retrieval)):
             return _run_in(cfg, questions, out, recs, spent, backend, resume, progress)
 

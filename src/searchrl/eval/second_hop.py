@@ -1,6 +1,6 @@
 """Where the second hop of a multi-hop question fails: the measurements of `searchrl eval
 second-hop` (docs/results.md#multi-hop-where-the-second-hop-fails), on values alone (the probe
-that generates lives in `searchrl.rollout.second_hop`).
+that generates lives in `searchrl.eval.second_hop_probe`).
 
 - *Retrieval ceiling*: for each supporting passage of a question (hop order), its rank in the
   top k for the passage's title as the query (the entity a searcher has to name: the gold query

@@ -7,15 +7,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from searchrl.eval import result_names as rn
 from searchrl.retrieval.base import Retriever
 from searchrl.retrieval.querycache import CachedRetriever
 from searchrl.retrieval.web.budget import COUNTERS
 from searchrl.retrieval.web.replay import REPLAY_COUNTERS
 
-JUDGE_KEYS = ("judge_requests", "judge_cache_hits", "judge_malformed")
-WEB_KEYS = tuple(f"web_{c}" for c in (*COUNTERS, *REPLAY_COUNTERS))  # a replay's counters only in a replay
-RETRIEVAL_KEYS = ("retrieval_queries", "retrieval_cache_hits", "retrieval_s")  # cache hits: only with a cache
-SPENT_KEYS = ("seconds", *JUDGE_KEYS, *WEB_KEYS, *RETRIEVAL_KEYS)
+JUDGE_KEYS = (rn.JUDGE_REQUESTS, rn.JUDGE_CACHE_HITS, rn.JUDGE_MALFORMED)
+WEB_KEYS = tuple(rn.WEB_COUNTER.key(c) for c in (*COUNTERS, *REPLAY_COUNTERS))  # a replay's counters only in a replay
+RETRIEVAL_KEYS = (rn.RETRIEVAL_QUERIES, rn.RETRIEVAL_CACHE_HITS, rn.RETRIEVAL_S)  # cache hits: only with a cache
+SPENT_KEYS = (rn.SECONDS, *JUDGE_KEYS, *WEB_KEYS, *RETRIEVAL_KEYS)
 
 
 def judge_records(judge, recs: Sequence[dict]) -> None:
@@ -38,44 +39,47 @@ class Spending:
         self._searched_start = retriever.counts() if isinstance(retriever, CachedRetriever) else None
 
     def totals(self) -> dict:
-        out = {**self.before, "seconds": self.before.get("seconds", 0.0) + self.seconds}
+        out = {**self.before, rn.SECONDS: self.before.get(rn.SECONDS, 0.0) + self.seconds}
         if self.judge is not None:
             stats = self.judge.stats
             for key, value in zip(JUDGE_KEYS, (stats.requests, stats.cache_hits, stats.malformed)):
                 out[key] = self.before.get(key, 0) + value
         if self._web_start is not None:
             for c, value in self.retriever.usage().items():
-                out[f"web_{c}"] = round(self.before.get(f"web_{c}", 0) + value - self._web_start[c], 6)
+                key = rn.WEB_COUNTER.key(c)
+                out[key] = round(self.before.get(key, 0) + value - self._web_start[c], 6)
         if self._searched_start is not None:
             done = self.retriever.counts().since(self._searched_start)
-            out["retrieval_queries"] = self.before.get("retrieval_queries", 0) + done.queries
+            out[rn.RETRIEVAL_QUERIES] = self.before.get(rn.RETRIEVAL_QUERIES, 0) + done.queries
             if done.cached:
-                out["retrieval_cache_hits"] = self.before.get("retrieval_cache_hits", 0) + done.cache_hits
-            out["retrieval_s"] = round(self.before.get("retrieval_s", 0.0) + done.seconds, 3)
+                out[rn.RETRIEVAL_CACHE_HITS] = self.before.get(rn.RETRIEVAL_CACHE_HITS, 0) + done.cache_hits
+            out[rn.RETRIEVAL_S] = round(self.before.get(rn.RETRIEVAL_S, 0.0) + done.seconds, 3)
         return out
 
 
 def cache_hit_rate(spent: dict) -> float | None:
     """Share of the run's queries answered without a search of their own; None without a cache."""
-    queries = spent.get("retrieval_queries")
-    return spent["retrieval_cache_hits"] / queries if queries and "retrieval_cache_hits" in spent else None
+    queries = spent.get(rn.RETRIEVAL_QUERIES)
+    return spent[rn.RETRIEVAL_CACHE_HITS] / queries if queries and rn.RETRIEVAL_CACHE_HITS in spent else None
 
 
 def spending_rows(metrics: dict) -> list[tuple[str, str]]:
     """metrics.md rows for the judge and web search, when the run used them."""
     rows = []
-    if metrics.get("retrieval_queries"):
-        rows.append(("queries searched (cache hit %), seconds in search",
-                     f"{metrics['retrieval_queries']} ({_percent(metrics['retrieval_cache_hit_rate'])}), {metrics['retrieval_s']:.2f}"))
-    if "judge_requests" in metrics:
+    if metrics.get(rn.RETRIEVAL_QUERIES):
+        searched = (f"{metrics[rn.RETRIEVAL_QUERIES]} ({_percent(metrics[rn.RETRIEVAL_CACHE_HIT_RATE])}), "
+                    f"{metrics[rn.RETRIEVAL_S]:.2f}")
+        rows.append(("queries searched (cache hit %), seconds in search", searched))
+    if rn.JUDGE_REQUESTS in metrics:
         rows.append(("judge requests (verdicts from cache, replies without one)",
-                     f"{metrics['judge_requests']} ({metrics['judge_cache_hits']}, {metrics['judge_malformed']})"))
-    if "web_requests" in metrics:
-        rows.append(("web search requests (served from cache)", f"{metrics['web_requests']} ({metrics['web_cache_hits']})"))
-        rows.append(("web search cost, USD", f"{metrics['web_cost_usd']:.4f}"))
-        rows.append(("pages read (unreadable)", f"{metrics['web_pages']} ({metrics['web_page_failures']})"))
-    if "web_replayed" in metrics:
-        rows.append(("web answers replayed (missing from the record)", f"{metrics['web_replayed']} ({metrics['web_missing']})"))
+                     f"{metrics[rn.JUDGE_REQUESTS]} ({metrics[rn.JUDGE_CACHE_HITS]}, {metrics[rn.JUDGE_MALFORMED]})"))
+    web = {c: metrics.get(rn.WEB_COUNTER.key(c)) for c in (*COUNTERS, *REPLAY_COUNTERS)}
+    if web["requests"] is not None:
+        rows.append(("web search requests (served from cache)", f"{web['requests']} ({web['cache_hits']})"))
+        rows.append(("web search cost, USD", f"{web['cost_usd']:.4f}"))
+        rows.append(("pages read (unreadable)", f"{web['pages']} ({web['page_failures']})"))
+    if web["replayed"] is not None:
+        rows.append(("web answers replayed (missing from the record)", f"{web['replayed']} ({web['missing']})"))
     return rows
 
 

@@ -1,5 +1,5 @@
 """metrics.json and metrics.md of an evaluation run: the scores of its prediction records, its
-search and format rates, provenance, and what it spent."""
+search and format rates, provenance, and what it spent, under the names of `eval.result_names`."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from searchrl import metric_names as mn
 from searchrl.eval import behaviour
+from searchrl.eval import result_names as rn
 from searchrl.eval.multihop import HEADER, multihop_metrics, right_aligned, row_of_record, type_rows
 from searchrl.eval.spending import cache_hit_rate, spending_rows
 from searchrl.tables import markdown_table
@@ -44,36 +45,36 @@ def summarize(cfg: EvalConfig, recs: Sequence[dict], spent: dict) -> dict:
     n = len(recs)
     mean = (lambda xs: sum(xs) / n) if n else (lambda xs: None)
     return {
-        "n": n,
-        "em": scores["em"],
-        "f1": scores["f1"],
-        "cover_em": scores["cover_em"],
-        "cover_em_substring": scores["cover_em_substring"],
-        "acc_l": scores["acc_l"],
-        "mean_searches": mean([r["n_searches"] for r in recs]),
-        "search_rate": mean([r["n_searches"] >= 1 for r in recs]),
-        "mean_generated_tokens": mean([r["n_policy_tokens"] for r in recs]),
-        "format_ok_rate": mean([r["format_ok"] for r in recs]),
-        "retrieval_recall": retrieval_recall(recs),
-        "answered_rate": mean([r["prediction"] is not None for r in recs]),
-        "stop_reasons": dict(Counter(r["stop_reason"] for r in recs)),
+        rn.N: n,
+        rn.EM: scores["em"],
+        rn.F1: scores["f1"],
+        rn.COVER_EM: scores["cover_em"],
+        rn.COVER_EM_SUBSTRING: scores["cover_em_substring"],
+        rn.ACC_L: scores["acc_l"],
+        rn.MEAN_SEARCHES: mean([r["n_searches"] for r in recs]),
+        rn.SEARCH_RATE: mean([r["n_searches"] >= 1 for r in recs]),
+        rn.MEAN_GENERATED_TOKENS: mean([r["n_policy_tokens"] for r in recs]),
+        rn.FORMAT_OK_RATE: mean([r["format_ok"] for r in recs]),
+        rn.RETRIEVAL_RECALL: retrieval_recall(recs),
+        rn.ANSWERED_RATE: mean([r["prediction"] is not None for r in recs]),
+        rn.STOP_REASONS: dict(Counter(r["stop_reason"] for r in recs)),
         # documents blocks cut to fit the model's context (records of older runs have no such field)
-        "truncated_documents": sum(r.get("truncated_documents", 0) for r in recs),
+        rn.TRUNCATED_DOCUMENTS: sum(r.get("truncated_documents", 0) for r in recs),
         **tool_metrics([r.get("tool_calls", []) for r in recs], [r.get("timing", {}) for r in recs],
                        cfg.tools if cfg.method == "agent" else []),
         **spent,
-        "seconds": round(spent["seconds"], 3),  # as retrieval_s: rounding alike keeps search time <= it
-        **({"retrieval_cache_hit_rate": cache_hit_rate(spent)} if "retrieval_queries" in spent else {}),
-        "model": cfg.model,
-        "method": cfg.method,
-        "dataset": cfg.dataset,
-        "retriever": None if cfg.method == "direct" else cfg.retrieval.source,
-        **({"web": web_provenance(cfg)} if cfg.method != "direct" and cfg.retrieval.web.provider else {}),
-        "k": cfg.rollout.k,
-        "format": cfg.protocol.format,
-        "tools": list(cfg.tools) if cfg.method == "agent" else [],
-        "tags": cfg.protocol.tags,
-        "template": cfg.protocol.template,
+        rn.SECONDS: round(spent[rn.SECONDS], 3),  # as retrieval_s: rounding alike keeps search time <= it
+        **({rn.RETRIEVAL_CACHE_HIT_RATE: cache_hit_rate(spent)} if rn.RETRIEVAL_QUERIES in spent else {}),
+        rn.MODEL: cfg.model,
+        rn.METHOD: cfg.method,
+        rn.DATASET: cfg.dataset,
+        rn.RETRIEVER: None if cfg.method == "direct" else cfg.retrieval.source,
+        **({rn.WEB: web_provenance(cfg)} if cfg.method != "direct" and cfg.retrieval.web.provider else {}),
+        rn.K: cfg.rollout.k,
+        rn.FORMAT: cfg.protocol.format,
+        rn.TOOLS: list(cfg.tools) if cfg.method == "agent" else [],
+        rn.TAGS: cfg.protocol.tags,
+        rn.TEMPLATE: cfg.protocol.template,
         **multihop_metrics([row_of_record(r) for r in recs]),
         # an agent's failure modes; rag's documents are in its prompt, not its records
         **(behaviour.behaviour_metrics([behaviour.of_record(r) for r in recs]) if cfg.method == "agent" else {}),
@@ -101,41 +102,41 @@ BEHAVIOUR_LABELS = {
 
 def protocol_label(metrics: dict) -> str:
     """"search-r1 / oneshot" for tags; "tool calls (search, open) / tools-fewshot" for native calls."""
-    if metrics.get("format") == "tool-calls":  # the tags preset does not apply to native calls
-        return f"tool calls ({', '.join(metrics.get('tools') or [])}) / {metrics['template']}"
-    return f"{metrics['tags']} / {metrics['template']}"
+    if metrics.get(rn.FORMAT) == "tool-calls":  # the tags preset does not apply to native calls
+        return f"tool calls ({', '.join(metrics.get(rn.TOOLS) or [])}) / {metrics[rn.TEMPLATE]}"
+    return f"{metrics[rn.TAGS]} / {metrics[rn.TEMPLATE]}"
 
 
 def metrics_rows(metrics: dict) -> list[tuple[str, str]]:
     """One run's metrics as (label, value) rows: what metrics.md and `eval run` show."""
     rows = [
-        ("model", metrics["model"]),
-        ("method", metrics["method"]),
-        ("dataset", f"{metrics['dataset']} (n={metrics['n']})"),
-        ("retriever", f"{metrics['retriever']} (k={metrics['k']})" if metrics["retriever"] else "-"),
+        ("model", metrics[rn.MODEL]),
+        ("method", metrics[rn.METHOD]),
+        ("dataset", f"{metrics[rn.DATASET]} (n={metrics[rn.N]})"),
+        ("retriever", f"{metrics[rn.RETRIEVER]} (k={metrics[rn.K]})" if metrics[rn.RETRIEVER] else "-"),
         ("protocol", protocol_label(metrics)),
     ]
-    if "web" in metrics:
-        rows.append(("web", metrics["web"]))
+    if rn.WEB in metrics:
+        rows.append(("web", metrics[rn.WEB]))
     labels = {
-        "em": "EM %",
-        "f1": "F1 %",
-        "cover_em": "Cover-EM % (token cover, authors' code)",
-        "cover_em_substring": "Cover-EM % (substring, FlashRAG acc)",
-        "acc_l": "ACC_L % (LLM judge)",
-        "format_ok_rate": "format OK %",
-        "search_rate": "questions with >= 1 search %",
-        "retrieval_recall": "supporting passages retrieved %",
+        rn.EM: "EM %",
+        rn.F1: "F1 %",
+        rn.COVER_EM: "Cover-EM % (token cover, authors' code)",
+        rn.COVER_EM_SUBSTRING: "Cover-EM % (substring, FlashRAG acc)",
+        rn.ACC_L: "ACC_L % (LLM judge)",
+        rn.FORMAT_OK_RATE: "format OK %",
+        rn.SEARCH_RATE: "questions with >= 1 search %",
+        rn.RETRIEVAL_RECALL: "supporting passages retrieved %",
     }
     for key, label in labels.items():
         rows.append((label, fmt_percent(metrics[key])))
     for key, label in BEHAVIOUR_LABELS.items():  # agent runs only (and runs written since)
         if key in metrics:
             rows.append((label, fmt_percent(metrics[key])))
-    rows.append(("searches / question", fmt_number(metrics["mean_searches"], 2)))
-    rows.append(("generated tokens / question", fmt_number(metrics["mean_generated_tokens"], 1)))
-    rows.append(("seconds", fmt_number(metrics["seconds"], 1)))
-    cut, full = metrics.get("truncated_documents", 0), metrics.get("stop_reasons", {}).get("context_full", 0)
+    rows.append(("searches / question", fmt_number(metrics[rn.MEAN_SEARCHES], 2)))
+    rows.append(("generated tokens / question", fmt_number(metrics[rn.MEAN_GENERATED_TOKENS], 1)))
+    rows.append(("seconds", fmt_number(metrics[rn.SECONDS], 1)))
+    cut, full = metrics.get(rn.TRUNCATED_DOCUMENTS, 0), metrics.get(rn.STOP_REASONS, {}).get("context_full", 0)
     if cut or full:  # the model's context bounded the run (rollout.engine): shown only when it did
         rows.append(("documents blocks cut / rollouts stopped, context full", f"{cut} / {full}"))
     return rows + spending_rows(metrics)

@@ -53,7 +53,7 @@ def local_index_dir(source: str) -> Path:
     """The index folder `source` names: a directory written by `searchrl index build`, or a
     catalog index name (built on first use). A catalog name wins over a same-named folder that
     holds no index (e.g. the output of `searchrl data toyworld --out toyworld`)."""
-    from searchrl.data.catalog import INDEXES, named_index_dir
+    from searchrl.retrieval.catalog import INDEXES, named_index_dir
     from searchrl.retrieval.store import MANIFEST
 
     path = Path(source).expanduser()

@@ -13,12 +13,10 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from searchrl.agent import AgentConfig
 from searchrl.config import StrictModel
-from searchrl.retrieval import RetrievalConfig
 from searchrl.rewards import RewardConfig
 from searchrl.rl.health_config import HealthConfig
-from searchrl.rollout.config import RolloutConfig
+from searchrl.rollout.agent import AgentConfig, AgentDefaults
 from searchrl.rollout.worker_config import Dtype, WorkerConfig
 
 
@@ -210,9 +208,16 @@ class LoggingConfig(StrictModel):
 
 
 class TrainConfig(AgentConfig):
-    """A two-stage outcome-based RL run (R1-Searcher). `searchrl train --config FILE key=value ...`."""
+    """A two-stage outcome-based RL run (R1-Searcher). `searchrl train --config FILE key=value ...`.
+    The model is the policy to start from (a Stage-1 checkpoint, for one); the trainer sets the
+    rollout's samples_per_question and seed per stage and step; it searches the toy world unless
+    told otherwise."""
 
-    model: str = Field("smollm2-135m", description="Policy to start from: smollm2-135m, tiny-random, a local folder (e.g. a Stage-1 checkpoint) or a hub id.")
+    defaults = AgentDefaults(
+        retrieval={"index": "toyworld"},
+        searches="training searches: set retrieval.index (a catalog index such as toyworld, or an index directory), "
+        "retrieval.url or retrieval.web",
+    )
     device: str = Field("cpu", description="Torch device: cpu, cuda, cuda:1, ...")
     dtype: Dtype = Field(
         "auto",
@@ -222,13 +227,6 @@ class TrainConfig(AgentConfig):
     )
     seed: int = Field(0, description="Seeds data order, sampling and update shuffling; same seed, same run (on the same hardware).")
     out: str | None = Field(None, description="Run directory; null = runs/train-YYYYmmdd-HHMMSS.")
-    rollout: RolloutConfig = Field(
-        default_factory=RolloutConfig,
-        description="Generation settings (k, searches, budgets, temperature, top-p). samples_per_question and seed are set per stage/step by the trainer.",
-    )
-    retrieval: RetrievalConfig = Field(
-        default_factory=lambda: RetrievalConfig(index="toyworld"), description="Search backend during training."
-    )
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="Advantages, loss, KL, optimizer.")
     stage1: StageConfig = Field(default_factory=_stage1, description="Stage 1: learn to call search (R_retrieve + R_format).")
     stage2: StageConfig = Field(default_factory=_stage2, description="Stage 2: learn to use the results (R_answer + R_format); starts from Stage 1's weights.")
@@ -277,11 +275,6 @@ class TrainConfig(AgentConfig):
                     f"advantage is 0; set stage{n}.samples_per_prompt to 2 or more (paper: 16)"
                 )
         return self
-
-    @field_validator("retrieval")
-    @classmethod
-    def _searches(cls, v: RetrievalConfig) -> RetrievalConfig:
-        return v.required("training searches: set retrieval.index (a catalog index such as toyworld, or an index directory), retrieval.url or retrieval.web")
 
     def stage(self, number: int) -> StageConfig:
         return {1: self.stage1, 2: self.stage2}[number]

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 
 import torch
 
-from searchrl.agent import build_protocol
 from searchrl.data.types import Question
 from searchrl.errors import DataWarning, SearchRLError
 from searchrl.protocol import Protocol
 from searchrl.rl.config import TrainConfig
+from searchrl.rollout.agent import build_protocol
 from searchrl.rollout.bounds import check_rollout_fits, model_context
 from searchrl.rollout.run_search import RunSearch
 from searchrl.toolformat.protocol import NativeProtocol

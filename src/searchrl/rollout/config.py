@@ -1,12 +1,13 @@
 """`RolloutConfig`: how rollouts are generated. Its own module, away from the engine, because
 every command nests it (`train`, `eval run`, `ask`) and evaluation must not load the engine to
-read its config. `EvalRollout` is the field type of the commands that evaluate."""
+read its config. `EVAL_ROLLOUT` is what the commands that evaluate default to (their
+`AgentDefaults`)."""
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from searchrl.config import StrictModel
 from searchrl.rollout.backend import SamplingParams
@@ -202,12 +203,3 @@ class RolloutConfig(StrictModel):
 # Evaluation (`eval run`, `ask`): greedy and k=5 as the paper evaluates, at most 8 searches as in
 # the authors' code.
 EVAL_ROLLOUT = {"greedy": True, "k": 5, "max_searches": 8, "max_new_tokens": 512, "batch_size": 16}
-
-
-def _eval_defaults(value):
-    # A rollout given in part (a flag, a file) keeps the evaluation defaults for the other keys,
-    # not the class's training ones.
-    return {**EVAL_ROLLOUT, **value} if isinstance(value, dict) else value
-
-
-EvalRollout = Annotated[RolloutConfig, BeforeValidator(_eval_defaults)]

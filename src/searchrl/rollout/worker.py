@@ -18,13 +18,13 @@ import functools
 from collections.abc import Callable
 
 from searchrl import metric_names as mn
-from searchrl.agent import Agent, build_agent, load_backend
 from searchrl.data.trajectory import Trajectory
 from searchrl.data.types import Question
 from searchrl.protocol import Protocol
 from searchrl.retrieval.base import Retriever
 from searchrl.retrieval.querycache import CachedRetriever, RetrievalCounts
 from searchrl.retrieval.web.budget import COUNTERS
+from searchrl.rollout.agent import Agent, build_agent, load_backend
 from searchrl.toolformat.protocol import NativeProtocol
 
 

@@ -11,8 +11,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from searchrl.agent import AgentConfig
-from searchrl.retrieval import RetrievalConfig
+from searchrl.rollout.agent import AgentConfig, AgentDefaults
 from searchrl.rollout.config import RolloutConfig
 
 # A run's `dtype` setting (TrainConfig.dtype, WorkerConfig.dtype): how `rollout.precision` computes.
@@ -21,6 +20,8 @@ Dtype = Literal["auto", "float32", "bfloat16"]
 
 class WorkerConfig(AgentConfig):
     """A rollout worker of async training: the run's agent, where it generates, the run it serves."""
+
+    defaults = AgentDefaults(searches="a rollout worker searches: set retrieval.index, retrieval.url or retrieval.web")
 
     device: str = Field("cpu", description="Torch device the worker generates on: the trainer's `device` or its "
                         "`rollout.worker_devices` entry; on a served worker, what its overrides set.")
@@ -43,8 +44,3 @@ class WorkerConfig(AgentConfig):
             raise ValueError(f"rollout.partial=continue swaps weights between rounds, when no rollout is generating; with "
                              f"rollout.round_quorum={v.round_quorum:g} some always are: set rollout.round_quorum=1")
         return v
-
-    @field_validator("retrieval")
-    @classmethod
-    def _searches(cls, v: RetrievalConfig) -> RetrievalConfig:
-        return v.required("a rollout worker searches: set retrieval.index, retrieval.url or retrieval.web")

@@ -68,7 +68,7 @@ def _build_backend(cfg: WorkerConfig):
     """The worker's own generation backend, `rollout.backend` by name, holding `cfg.model` (each
     order's published version is loaded into it before use)."""
     if cfg.rollout.backend == "vllm":
-        from searchrl.agent import load_backend
+        from searchrl.rollout.agent import load_backend
 
         return load_backend(cfg)
     from searchrl.assets import load_model
@@ -111,7 +111,7 @@ def worker_main(cfg: WorkerConfig, folder: Path | None, orders, results, group: 
     published version it names, loaded between batches (`partial: continue`: or a newer one,
     also between rounds). With `group` (`weight_transport: broadcast`) the versions come by the
     trainer's broadcast (`folder` None), else from the files in `folder`."""
-    from searchrl.agent import build_agent
+    from searchrl.rollout.agent import build_agent
     from searchrl.rollout.precision import rollout_autocast
     from searchrl.rollout.worker import RolloutWorker
 

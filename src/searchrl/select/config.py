@@ -1,36 +1,25 @@
-"""`SelectConfig`: the config of one `searchrl data select` run (the run is `searchrl.data.select`,
-its report `searchrl.data.select_report`; both read this)."""
+"""`SelectConfig`: the config of one `searchrl data select` run (the run is `searchrl.select.run`,
+its report `searchrl.select.report`; both read this)."""
 
 from __future__ import annotations
 
 from pydantic import Field, field_validator, model_validator
 
-from searchrl.agent import AgentConfig
-from searchrl.retrieval import RetrievalConfig
-from searchrl.rollout.config import RolloutConfig
+from searchrl.rollout.agent import AgentConfig, AgentDefaults
 
 
 class SelectConfig(AgentConfig):
     """One data-selection run. Every field is also a `--set key=value` (nested: `rollout.k=3`); the
-    common ones are `searchrl data select` flags."""
+    common ones are `searchrl data select` flags. The model is the reference model that samples the
+    rollouts (paper: Qwen-2.5-7B-Instruct); they are sampled, never greedy, with the seed and
+    samples_per_question set per round, in engine batches of rollout.batch_size; they search the
+    toy world unless told otherwise."""
 
-    model: str = Field(
-        "smollm2-135m",
-        description="Reference model that samples the rollouts (paper: Qwen-2.5-7B-Instruct): a name, folder or hub id.",
-    )
+    defaults = AgentDefaults(retrieval={"index": "toyworld"})
     dataset: str = Field(
         "toyworld:train", description="Candidate questions: catalog name, question file or hf:NAME."
     )
     limit: int | None = Field(None, ge=1, description="Only the first N questions; None = all.")
-    rollout: RolloutConfig = Field(
-        default_factory=RolloutConfig,
-        description="Generation: backend, k, searches, token budget, temperature, top-p, batch_size (sequences per "
-        "engine batch). Sampled, never greedy; seed and samples_per_question are set per round.",
-    )
-    retrieval: RetrievalConfig = Field(
-        default_factory=lambda: RetrievalConfig(index="toyworld"),
-        description="Index, retrieval server or web search the rollouts query.",
-    )
     metric: str = Field(
         "cem",
         description="Answer metric that decides correctness: em, f1, cem (cover-EM, the authors' token form) or cem_substr.",

@@ -15,11 +15,11 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from searchrl.data.buckets import BUCKETS, Tally, bucket_of, bucket_ranges
 from searchrl.data.types import Question
+from searchrl.select.buckets import BUCKETS, Tally, bucket_of, bucket_ranges
 
 if TYPE_CHECKING:
-    from searchrl.data.select_config import SelectConfig
+    from searchrl.select.config import SelectConfig
 
 
 def summary(

@@ -26,7 +26,6 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from searchrl.agent import Agent, build_agent
 from searchrl.config import dump_config, flag_overrides, load_config
 from searchrl.data.types import Question
 from searchrl.datatext import data
@@ -41,10 +40,10 @@ from searchrl.eval.second_hop import (
     next_step,
     next_step_rows,
 )
+from searchrl.format_rules import final_answer
 from searchrl.protocol import Protocol
+from searchrl.rollout.agent import Agent, build_agent
 from searchrl.rollout.config import RolloutConfig
-from searchrl.rollout.engine import RolloutEngine
-from searchrl.rollout.gold import gold_paths, support_passages
 from searchrl.runkind import claim
 from searchrl.tables import markdown_table
 
@@ -59,6 +58,9 @@ def probe(agent: Agent, rollout: RolloutConfig, questions: Sequence[Question], h
     the next supporting passage (none after the last: the step can only answer right or not).
     `rollout`: the settings of a whole rollout; the continuation gets the searches left (at least
     one) and the policy tokens the written turns left."""
+    from searchrl.rollout.engine import RolloutEngine
+    from searchrl.rollout.gold import gold_paths, support_passages
+
     protocol, backend = agent.protocol, agent.backend
     first_hops = [dataclasses.replace(q, supporting_ids=q.supporting_ids[:hops]) for q in questions]
     paths = gold_paths(first_hops, agent.retriever, rollout.k, hops)
@@ -92,7 +94,7 @@ def probe(agent: Agent, rollout: RolloutConfig, questions: Sequence[Question], h
         nxt = q.supporting_ids[hops] if len(q.supporting_ids) > hops else None
         query = t.queries[0] if t.queries else None
         found = bool(t.retrieved_ids) and nxt in t.retrieved_ids[0]
-        final = t.answer if t.answer is not None else protocol.answer(t.segments, cut_short=True)
+        final = final_answer(t, protocol, cut_short=True)
         title = titles.get(nxt, "")
         step = next_step(q, path.searches[-1][0], docs, title, query, found, None if query is not None else final, final)
         out.append({"id": q.id, "type": q.type, "question": q.question, "answers": list(q.answers),
@@ -110,6 +112,7 @@ def second_hop_command(config: str | None, overrides: Sequence[str], flags: dict
     `hops`: gold searches written before the model goes on."""
     from searchrl.data.catalog import load_dataset
     from searchrl.eval.second_hop import NextStep
+    from searchrl.rollout.gold import support_passages
 
     if Path(out).exists() and not Path(out).is_dir():
         raise SearchRLError(f"--out {out} is a file; give a folder for second_hop.md and second_hop.jsonl")

@@ -4,16 +4,21 @@ it rolls out and where its searches go (`AgentConfig`), and the function that bu
 
 Every command that runs rollouts (`train`, `eval run`, `ask`, `data select`, and through them
 `eval report` and the demo) has these sections at the top level of its config: its config class
-inherits them from `AgentConfig`, redeclaring a field only to change its default or its help
-(evaluation decodes greedily with k=5; training must search).
+inherits them from `AgentConfig` as they are declared here, and states what differs for it as
+data, its `AgentDefaults` (evaluation decodes greedily with k=5; training searches the toy world
+unless told otherwise).
 """
 
 from __future__ import annotations
 
+import copy
+import functools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
 from searchrl.config import StrictModel
 from searchrl.errors import SearchRLError
@@ -33,8 +38,39 @@ if TYPE_CHECKING:
     from searchrl.rollout.engine import RolloutEngine
 
 
+@dataclass(frozen=True)
+class AgentDefaults:
+    """What one command's agent sections default to where its config does not set them."""
+
+    rollout: Mapping[str, Any] = field(default_factory=dict)
+    """The rollout section's keys; a rollout given in part (a flag, a file) keeps them for the keys
+    it does not give, not the class's."""
+    retrieval: Mapping[str, Any] = field(default_factory=dict)
+    """The retrieval section's keys, when the config gives none."""
+    searches: str | None = None
+    """Why the command searches: a retrieval section given without a source is refused with it."""
+
+    def fill(self, data: dict) -> dict:
+        """`data` (a config's keys, as given) with the rollout keys it does not give filled in."""
+        if self.rollout and isinstance(data.get("rollout"), dict):
+            return {**data, "rollout": {**self.rollout, **data["rollout"]}}
+        return data
+
+
+def agent_field(name: str, defaults: AgentDefaults) -> FieldInfo:
+    """`AgentConfig`'s field `name` as a command with `defaults` has it, for the config class and
+    the reference page alike: its rollout and retrieval sections default to their keys."""
+    info = copy.copy(AgentConfig.model_fields[name])
+    keys = {"rollout": defaults.rollout, "retrieval": defaults.retrieval}.get(name)
+    if keys:
+        info.default_factory = functools.partial(info.annotation, **keys)
+    return info
+
+
 class AgentConfig(StrictModel):
     """Model + protocol + rollout + retrieval: what an agent is built from (`build_agent`)."""
+
+    defaults: ClassVar[AgentDefaults] = AgentDefaults()
 
     model: str = Field("smollm2-135m", description="Model name (smollm2-135m, tiny-random), folder or hub id.")
     profile: str = Field(
@@ -60,13 +96,27 @@ class AgentConfig(StrictModel):
         default_factory=RetrievalConfig, description="Index, retrieval server or web search the rollouts query."
     )
 
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        if "defaults" in vars(cls):  # a command's own defaults: its sections' defaults are theirs
+            for name in ("rollout", "retrieval"):
+                cls.model_fields[name].default_factory = agent_field(name, cls.defaults).default_factory
+            cls.model_rebuild(force=True)
+
     @model_validator(mode="before")
     @classmethod
     def _profile(cls, data):
-        # Before validation: the keys given are what the user set; the profile fills the others.
+        # Before validation: the keys given are what the user set; the profile fills the others,
+        # then the command's rollout defaults.
         if not isinstance(data, dict):
             return data
-        return apply_profile(data, cls.model_fields["model"].default)
+        return cls.defaults.fill(apply_profile(data, cls.model_fields["model"].default))
+
+    @field_validator("retrieval")
+    @classmethod
+    def _searches(cls, v: RetrievalConfig) -> RetrievalConfig:
+        return v.required(cls.defaults.searches) if cls.defaults.searches else v
 
     @model_validator(mode="after")
     def _tools_of_format(self) -> AgentConfig:

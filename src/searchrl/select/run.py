@@ -29,15 +29,15 @@ import time
 from collections import deque
 from pathlib import Path
 
-from searchrl.agent import build_agent
 from searchrl.config import dump_config
-from searchrl.data.buckets import BUCKETS, Tally, bucket_of
-from searchrl.data.select_config import SelectConfig
 from searchrl.data.textio import read_appended_jsonl
 from searchrl.data.types import Question
 from searchrl.errors import SearchRLError, listing
 from searchrl.profiles import announce
+from searchrl.rollout.agent import build_agent
 from searchrl.runkind import check_kind, claim
+from searchrl.select.buckets import BUCKETS, Tally, bucket_of
+from searchrl.select.config import SelectConfig
 
 PROGRESS = "progress.jsonl"
 
@@ -132,7 +132,7 @@ def run_select(cfg: SelectConfig, backend=None, progress: bool = True) -> dict:
     """Sample what `cfg.out` still lacks, then write the buckets and the report; return the
     summary (`select_report.summary`). `backend` may be given to reuse a loaded model (tests); it
     is built from `cfg.model` otherwise, and only when questions are left."""
-    from searchrl.data import select_report
+    from searchrl.select import report as select_report
 
     if cfg.out is None:
         raise SearchRLError("no output folder: give --out DIR")
@@ -235,7 +235,7 @@ def select_command(config: str | None, overrides: list[str], flags: dict) -> dic
     from rich.markdown import Markdown
 
     from searchrl.config import flag_overrides, load_config
-    from searchrl.data.select_report import summary_markdown
+    from searchrl.select.report import summary_markdown
 
     cfg = load_config(SelectConfig, config, list(overrides) + flag_overrides(flags, overrides))
     summary = run_select(cfg)
