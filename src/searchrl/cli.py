@@ -455,11 +455,12 @@ def eval_run(
 def eval_compare(
     runs: list[str] = typer.Argument(..., help="Run folders written by `searchrl eval run --out` (or their metrics.json)."),
     out: str | None = typer.Option(None, "--out", help="Also write the table as Markdown to this file."),
+    markdown: bool = typer.Option(False, "--markdown", help="Print Markdown tables even on a terminal (piped output always is)."),
 ) -> None:
-    """Compare runs side by side: one row per run, metrics in percent."""
+    """Compare runs side by side: one column per run, metrics in percent; warns when the runs answered different questions."""
     from searchrl.eval.compare import compare_command
 
-    compare_command(runs, out)
+    compare_command(runs, out, markdown=markdown)
 
 
 @eval_app.command("by-type")
