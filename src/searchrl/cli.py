@@ -319,7 +319,7 @@ def data_toyworld(
 # --- trajectory viewer ---
 @app.command()
 def view(
-    predictions: str = typer.Argument(..., help="predictions.jsonl of `searchrl eval run` (or sampled training trajectories)."),
+    predictions: str = typer.Argument(..., help="predictions.jsonl of `searchrl eval run`, sampled training trajectories, or a run folder (an eval run's predictions, a training run's newest samples)."),
     out: str | None = typer.Option(None, "--out", help="HTML file to write (default: beside the input, same name with .html)."),
     limit: int | None = typer.Option(None, "--limit", min=1, help="Show only the first N trajectories (metrics still cover all)."),
 ) -> None:
