@@ -618,16 +618,16 @@ def rollout_serve(
 
 @app.command()
 def plot(
-    run: str = typer.Argument(..., help="Run directory of `searchrl train` (reads its metrics.jsonl)."),
-    out: str | None = typer.Option(None, "--out", help="Folder for the PNGs (default RUN/plots)."),
+    runs: list[str] = typer.Argument(..., help="Run directories of `searchrl train` (reads their metrics.jsonl); two or more are overlaid in overlay.png."),
+    out: str | None = typer.Option(None, "--out", help="Folder for the PNGs (default: the first RUN's plots/)."),
     window: int | None = typer.Option(None, "--window", min=1, help="Moving-average width in steps (default: a tenth of the run)."),
 ) -> None:
-    """Draw training curves per stage (reward, length, searches, format-ok, F1) as PNGs."""
+    """Draw training curves per stage (reward, length, searches, format-ok, F1) as PNGs; several runs overlaid."""
     from pathlib import Path
 
     from searchrl.eval.plots import plot_command
 
-    plot_command(Path(run), Path(out) if out else None, window)
+    plot_command([Path(run) for run in runs], Path(out) if out else None, window)
 
 
 @app.command()
