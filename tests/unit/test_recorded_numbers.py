@@ -1,5 +1,5 @@
 """Headline numbers cannot drift: every page that states a recorded result (README, getting
-started, the results page's demo rows) states the figure `results/recorded.json` holds.
+started, the results pages' demo and multi-hop rows) states the figure `results/recorded.json` holds.
 
 A claim is a passage of a page, whitespace-insensitive, with `{entry.key}` where a recorded figure
 stands: `{entry.key:%}` for a fraction the page writes in percent, `{entry.key:*20}` for one it
@@ -45,7 +45,7 @@ CLAIMS: dict[str, list[str]] = {
         DEMO_STAGE1 + "; the trained agent answers {demo.trained_agent_em:%} % of the test questions exactly "
         "(the untrained one {demo.untrained_agent_em:%} %)",
     ],
-    "docs/results.md": [
+    "docs/results/demo.md": [
         "| Stage 1: share of rollouts that search | {demo.stage1_search_first} | **{demo.stage1_search_last}** (from step 3) |",
         "| Stage 1: format-ok rate | {demo.stage1_format_first} | **{demo.stage1_format_last}** (from step 4) |",
         "| Stage 2: mean answer F1, first vs last quarter of the steps | {demo.stage2_f1_first_quarter} | "
@@ -57,9 +57,12 @@ CLAIMS: dict[str, list[str]] = {
         "| **100** | 100 | {demo.trained_agent_support:%} |",
         "| 1. the demo (Stage 2 on `toyworld:selected` comparisons) | **{demo-echo.trained_agent_em:%}** | "
         "**{demo-echo.trained_agent_f1:%}** | 100 | **{demo-echo.trained_agent_echo:*20}** |",
+    ],
+    "docs/results/multihop.md": [
         "EM {multihop.em:%} against {multihop.rag_em:%}, {multihop.em_minus_rag:%} [{multihop.em_minus_rag_low:%}, "
         "{multihop.em_minus_rag_high:%}] points",
     ],
+    "docs/results/speed.md": ["**Async/sync: {benchmarks.async_updates_per_hour}× updates per hour**"],
 }
 
 
