@@ -37,7 +37,13 @@ from searchrl.data.textio import iter_json_lines, read_json
 from searchrl.data.trajectory import Segment
 from searchrl.errors import DataError, DataWarning, listing
 from searchrl.eval.view_assets import CSS, JS
-from searchrl.eval.view_run import group_advantages, page_title, prompt_builder, resolve_input, run_config
+from searchrl.eval.view_run import (
+    group_advantages,
+    page_title,
+    prompt_builder,
+    resolve_input,
+    run_config,
+)
 from searchrl.metrics import answer_scores
 from searchrl.tags import TAG_PRESETS, get_tags, segments_from_text
 from searchrl.toolformat.parse import CALL_FORMATS, Turn
