@@ -320,7 +320,7 @@ def data_toyworld(
 # --- trajectory viewer ---
 @app.command()
 def view(
-    predictions: str = typer.Argument(..., help="predictions.jsonl of `searchrl eval run` (or sampled training trajectories)."),
+    predictions: str = typer.Argument(..., help="predictions.jsonl of `searchrl eval run`, sampled training trajectories, or a run folder (an eval run's predictions, a training run's newest samples)."),
     out: str | None = typer.Option(None, "--out", help="HTML file to write (default: beside the input, same name with .html)."),
     limit: int | None = typer.Option(None, "--limit", min=1, help="Show only the first N trajectories (metrics still cover all)."),
 ) -> None:
@@ -456,11 +456,12 @@ def eval_run(
 def eval_compare(
     runs: list[str] = typer.Argument(..., help="Run folders written by `searchrl eval run --out` (or their metrics.json)."),
     out: str | None = typer.Option(None, "--out", help="Also write the table as Markdown to this file."),
+    markdown: bool = typer.Option(False, "--markdown", help="Print Markdown tables even on a terminal (piped output always is)."),
 ) -> None:
-    """Compare runs side by side: one row per run, metrics in percent."""
+    """Compare runs side by side: one column per run, metrics in percent; warns when the runs answered different questions."""
     from searchrl.eval.compare import compare_command
 
-    compare_command(runs, out)
+    compare_command(runs, out, markdown=markdown)
 
 
 @eval_app.command("by-type")
@@ -618,16 +619,16 @@ def rollout_serve(
 
 @app.command()
 def plot(
-    run: str = typer.Argument(..., help="Run directory of `searchrl train` (reads its metrics.jsonl)."),
-    out: str | None = typer.Option(None, "--out", help="Folder for the PNGs (default RUN/plots)."),
+    runs: list[str] = typer.Argument(..., help="Run directories of `searchrl train` (reads their metrics.jsonl); two or more are overlaid in overlay.png."),
+    out: str | None = typer.Option(None, "--out", help="Folder for the PNGs (default: the first RUN's plots/)."),
     window: int | None = typer.Option(None, "--window", min=1, help="Moving-average width in steps (default: a tenth of the run)."),
 ) -> None:
-    """Draw training curves per stage (reward, length, searches, format-ok, F1) as PNGs."""
+    """Draw training curves per stage (reward, length, searches, format-ok, F1) as PNGs; several runs overlaid."""
     from pathlib import Path
 
     from searchrl.eval.plots import plot_command
 
-    plot_command(Path(run), Path(out) if out else None, window)
+    plot_command([Path(run) for run in runs], Path(out) if out else None, window)
 
 
 @app.command()

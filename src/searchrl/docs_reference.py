@@ -333,7 +333,9 @@ def results_section() -> list[str]:
 
 def pages() -> dict[str, str]:
     """The reference pages by file name (under `docs/reference/`)."""
-    return {"cli.md": cli_page(), "config.md": config_page(), "metrics.md": metrics_page()}
+    from searchrl.docs_api import python_api_page
+
+    return {"cli.md": cli_page(), "config.md": config_page(), "metrics.md": metrics_page(), "python.md": python_api_page()}
 
 
 def write(out: Path) -> list[Path]:

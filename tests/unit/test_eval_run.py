@@ -388,13 +388,14 @@ def test_compare_two_runs(world, tmp_path, tokenizer):
     folders = [tmp_path / "agent", tmp_path / "direct"]
     md = compare_markdown(folders)
     lines = md.strip().splitlines()
-    assert lines[0].startswith("| run | model | method | dataset | n | EM % |")
-    assert lines[4] == "" and len(lines) == 4 + 1 + 2 + 4  # then the per-type table: two types per run
-    assert lines[5].startswith("| run | type | n | EM % |")
-    assert lines[8:11:2] == ["| agent | bridge | 1 | 0.0 | 0.0 | 2.00 | 100.0 | 1.00 | 1.00 | 0.00 |",
-                             "| direct | bridge | 1 | 0.0 | 0.0 | 0.00 | 0.0 | 0.00 | 0.00 | 0.00 |"]
-    assert lines[2].startswith("| agent | smollm2-135m | agent |") and "| 33.3 |" in lines[2]
-    assert lines[3].startswith("| direct | smollm2-135m | direct |") and "n/a" in lines[3]  # no recall
+    assert lines[0] == "|  | agent | direct |"
+    assert lines[2:5] == ["| model | smollm2-135m | smollm2-135m |", "| method | agent | direct |",
+                          "| dataset | questions.jsonl | questions.jsonl |"]
+    assert "| EM % | 33.3 | 33.3 |" in lines and "| recall % | 100.0 | n/a |" in lines  # direct measured no recall
+    blank = lines.index("")  # then the per-type table: two types per run
+    assert lines[blank + 1].startswith("| run | type | n | EM % |") and len(lines) == blank + 3 + 4
+    assert lines[blank + 4::2] == ["| agent | bridge | 1 | 0.0 | 0.0 | 2.00 | 100.0 | 1.00 | 1.00 | 0.00 |",
+                                   "| direct | bridge | 1 | 0.0 | 0.0 | 0.00 | 0.0 | 0.00 | 0.00 | 0.00 |"]
     result = runner.invoke(app, ["eval", "compare", *map(str, folders), "--out", str(tmp_path / "cmp.md")],
                            env={"COLUMNS": "250"})
     assert result.exit_code == 0, result.output

@@ -14,7 +14,7 @@ from searchrl.eval.plots import CURVES, _smooth, plot_run
 
 def _run(tmp_path):
     run = tmp_path / "run"
-    run.mkdir()
+    run.mkdir(parents=True)
     with (run / "metrics.jsonl").open("w") as fh:
         for step in range(1, 9):
             stage = 1 if step <= 4 else 2
@@ -94,3 +94,29 @@ def test_odd_lines_are_skipped_with_one_warning_and_odd_numbers_still_plot(tmp_p
             'not an object); line 10 (no `step`); line 11 (`reward` is "high", not a number)') in result.stderr
     assert "alarms.jsonl: skipped 1 line(s) that are not records of this file: line 1 (`step` is null, not an integer)" in result.stderr
     assert (run / "plots" / "training_curves.png").stat().st_size > 5000
+
+
+def test_two_runs_are_overlaid_a_colour_and_a_legend_entry_each(tmp_path, monkeypatch):
+    import doctest
+
+    import matplotlib.axes
+
+    from searchrl.eval import plots
+
+    first = _run(tmp_path / "a")
+    second = _run(tmp_path / "b")
+    with (second / "metrics.jsonl").open("a") as fh:  # a longer run
+        fh.write(json.dumps({"stage": 2, "step": 9, "reward": 0.0, "response_tokens": 60, "searches": 1.0,
+                             "format_ok": 1.0, "answer_f1": 0.5}) + "\n")
+    labels = []
+    real_plot = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot",
+                        lambda ax, *a, **kw: labels.append((kw.get("label"), kw.get("color"), len(a[0]))) or real_plot(ax, *a, **kw))
+    result = CliRunner().invoke(app, ["plot", str(first), str(second), "--out", str(tmp_path / "figs")])
+    assert result.exit_code == 0, result.output
+    path = tmp_path / "figs" / "overlay.png"
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "2 runs overlaid" in result.output
+    legend = [entry for entry in labels if entry[0]]
+    assert legend == [("a/run", "C0", 8), ("b/run", "C1", 9)] * len(CURVES)  # same-named runs told apart
+    assert plots.overlay_series(plots.read_metrics(second), "answer_f1") == (list(range(1, 10)), [0.1] * 4 + [0.2] * 4 + [0.5])
+    assert doctest.testmod(plots).failed == 0

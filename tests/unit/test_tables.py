@@ -1,5 +1,6 @@
-"""Tables readable anywhere (`searchrl.tables`): `eval compare` piped is Markdown, in an
-80-column terminal it keeps whole cells and names the columns left out; paths become run names."""
+"""Tables readable anywhere (`searchrl.tables`): `eval compare` piped is Markdown, a column per run
+so it stays narrow; in an 80-column terminal it keeps whole cells and names the runs left out;
+paths become run names; runs on other questions are compared with a warning."""
 
 from __future__ import annotations
 
@@ -36,11 +37,20 @@ def _render(folders, out=None, **console) -> str:
     return buf.getvalue()
 
 
-def test_piped_compare_is_a_markdown_table_of_whole_cells(runs):
+def test_piped_compare_is_a_narrow_markdown_table_a_column_per_run(runs):
     text = _render(runs, width=80, force_terminal=False)
     rows = [line for line in text.splitlines() if line.startswith("| ")]
-    assert rows[0].startswith("| run | model | method | dataset | n | EM % |")
-    assert rows[1].startswith(f"| {RUN} | train/step_0030 | agent | hotpotqa:dev | 500 | 45.1 | 55.2 |")
+    assert rows[0] == f"|  | {RUN} | direct |"
+    assert rows[1] == "| model | train/step_0030 | train/step_0030 |"
+    assert "| EM % | 45.1 | 20.0 |" in rows and "| F1 % | 55.2 | 55.2 |" in rows
+    assert not any(row.startswith("| ACC_L %") for row in rows)  # measured by no run: left out
+    assert all(len(line) <= 80 for line in text.splitlines())
+
+
+def test_markdown_flag_prints_markdown_on_a_terminal(runs):
+    buf = io.StringIO()
+    compare_command(runs, None, Console(file=buf, color_system=None, width=80, force_terminal=True), markdown=True)
+    assert f"|  | {RUN} | direct |" in buf.getvalue()
 
 
 def test_compare_in_80_columns_keeps_run_names_and_numbers_whole(runs, tmp_path):
@@ -48,11 +58,29 @@ def test_compare_in_80_columns_keeps_run_names_and_numbers_whole(runs, tmp_path)
     text = _render(runs, out, width=80, force_terminal=True)
     lines = text.splitlines()
     assert all(len(line) <= 80 for line in lines)
-    row = next(line for line in lines if RUN in line)  # the run name unbroken, on one line
-    assert "45.1" in row and "55.2" in row
-    assert "not shown (model, method, dataset" in text and "cmp.md" in text
-    wide = _render(runs, width=250, force_terminal=True)
-    assert "not shown" not in wide and "train/step_0030" in wide and "913.2" in wide
+    assert any(RUN in line for line in lines)  # the run name unbroken, on one line
+    row = next(line for line in lines if "EM %" in line)
+    assert "45.1" in row and "20.0" in row and "not shown" not in text
+    narrow = _render(runs, out, width=50, force_terminal=True)
+    assert all(len(line) <= 50 for line in narrow.splitlines())
+    assert "not shown (direct)" in narrow and "cmp.md" in narrow
+
+
+def test_runs_on_other_questions_are_compared_with_a_warning(runs, tmp_path, capsys):
+    _render(runs, width=120, force_terminal=True)
+    assert "warning" not in capsys.readouterr().err
+    metrics = json.loads((tmp_path / "direct" / "metrics.json").read_text())
+    (tmp_path / "direct" / "metrics.json").write_text(json.dumps({**metrics, "n": 3}))
+    _render(runs, width=120, force_terminal=True)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "different questions" in err and "direct: 3 of hotpotqa:dev" in err
+
+
+def test_same_count_but_other_question_ids_warns(runs, tmp_path, capsys):
+    for folder, ids in zip(runs, (["q1", "q2"], ["q1", "q3"])):
+        (tmp_path / folder / "predictions.jsonl").write_text("".join(json.dumps({"question_id": i}) + "\n" for i in ids))
+    _render(runs, width=120, force_terminal=True)
+    assert "different questions" in capsys.readouterr().err
 
 
 def test_short_path_names_runs():

@@ -15,8 +15,10 @@ from typer.testing import CliRunner
 
 from searchrl.cli import app
 from searchrl.data.trajectory import Segment, Trajectory
-from searchrl.errors import DataError, DataWarning
+from searchrl.errors import DataError, DataWarning, SearchRLError
 from searchrl.eval.view import ENV_LABEL, load_items, tool_results, write_view
+from searchrl.prompts import build_prompt
+from searchrl.tags import get_tags
 
 DOCS = (
     "\n\n<|begin_of_documents|>\n(1)Title: Quellbridge Text: A town on the Tessaly & <Vell>.\n"
@@ -84,6 +86,7 @@ def _records() -> list[dict]:
 
 
 def _write(path: Path, records: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     return path
 
@@ -104,8 +107,10 @@ def test_page_escapes_model_output_and_is_self_contained(page):
     # Offline page: no fetched resources of any kind.
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", text)
     # Computed metrics: EM over the three records is 1/3; F1 of "Ost river" vs "Vell river" is .5.
-    assert "computed from the 3 records" in text
-    assert "<td>0.3333</td><td>0.5</td>" in text
+    assert "all 7 metrics: computed from the 3 records" in text
+    assert "<tr><th>em</th><td>0.3333</td></tr><tr><th>f1</th><td>0.5</td></tr>" in text
+    assert '<p class="summary"><span><b>questions</b> 3</span> · <span><b>EM</b> 33.3 %</span> · <span><b>F1</b> 50.0 %</span>' in text
+    assert "<title>predictions.jsonl · searchrl</title>" in text  # no run around it: the file names it
 
 
 def test_load_items_normalises_and_grades(tmp_path):
@@ -157,7 +162,8 @@ def test_metrics_json_limit_and_cli(tmp_path):
     result = CliRunner().invoke(app, ["view", str(preds), "--out", str(out), "--limit", "2"])
     assert result.exit_code == 0, result.output
     text = out.read_text(encoding="utf-8")
-    assert "<th>em</th><th>hotpotqa/f1</th>" in text and "<td>0.125</td><td>0.5</td>" in text
+    assert "<tr><th>em</th><td>0.125</td></tr><tr><th>hotpotqa/f1</th><td>0.5</td></tr>" in text
+    assert "<b>EM</b> 12.5 %" in text
     assert "3 trajectories, showing the first 2" in text
     assert text.count('<article class="card"') == 2
     empty = tmp_path / "empty.jsonl"
@@ -306,7 +312,8 @@ def test_bad_numbers_are_shown_as_written_left_out_of_means_and_warned_once_per_
     assert 'data-searches="na"' in text
     # EM is computed from gold for line 3 (its NaN left out): 1, 0, 0, 0 -> 0.25; searches (1 + 2) / 2.
     table = re.search(r'<table class="metrics">.*?</table>', text).group(0)
-    assert "<td>4</td><td>0.25</td>" in table and "<td>1.5</td>" in table and "nonfinite" not in table
+    assert "<tr><th>n</th><td>4</td></tr><tr><th>em</th><td>0.25</td></tr>" in table
+    assert "<tr><th>n_searches_mean</th><td>1.5</td></tr>" in table and "nonfinite" not in table
 
 
 def test_nan_or_infinite_metrics_are_flagged(tmp_path):
@@ -315,7 +322,9 @@ def test_nan_or_infinite_metrics_are_flagged(tmp_path):
     with pytest.warns(DataWarning, match=r"metrics\.json.*: 'em', 'f1' is NaN or infinite \(flagged on the page\)"):
         page = write_view(preds)
     text = page.read_text(encoding="utf-8")
-    assert '<td class="nonfinite">nan (not finite)</td><td class="nonfinite">inf (not finite)</td><td>3</td>' in text
+    assert ('<tr><th>em</th><td class="nonfinite">nan (not finite)</td></tr><tr><th>f1</th><td class="nonfinite">'
+            'inf (not finite)</td></tr><tr><th>n</th><td>3</td></tr>') in text
+    assert "<b>EM</b> nan (not finite)" in text
 
 
 # ----------------------------------------------------------------------------------------------
@@ -429,3 +438,51 @@ def test_llama_style_calls_are_read_by_their_call_format(tmp_path):
     text = write_view(tmp_path / "llama.jsonl").read_text(encoding="utf-8")
     assert '<span class="tag tag-query">search</span>' in text and "search result</span>" in text
     assert '<div class="env-text">R</div>' in text and "header_id" not in text
+
+
+# ----------------------------------------------------------------------------------------------
+# The run behind the file: folder, title, prompt, advantages
+
+
+def test_an_eval_run_folder_is_titled_by_run_and_model_and_folds_the_prompt(tmp_path):
+    run = tmp_path / "eval-trained-agent"
+    _write(run / "predictions.jsonl", _records())
+    (run / "metrics.json").write_text(json.dumps({"n": 3, "em": 0.2, "model": "/x/runs/demo/train/checkpoints/step_0013"}))
+    (run / "config.yaml").write_text("model: /x/runs/demo/train/checkpoints/step_0013\n"
+                                     "protocol: {format: tags, tags: search-r1, template: oneshot}\n")
+    page = write_view(run)  # the folder stands for its predictions.jsonl
+    assert page == run / "predictions.html"
+    text = page.read_text(encoding="utf-8")
+    assert "<title>eval-trained-agent · train/step_0013 · searchrl</title>" in text
+    prompt = build_prompt(_records()[0]["question"], get_tags("search-r1"), "oneshot")
+    assert f'<details class="prompt"><summary>the prompt</summary><pre>{html.escape(prompt)}</pre></details>' in text
+    assert text.count('<details class="prompt">') == 3
+
+
+def test_a_training_run_folder_shows_its_newest_samples_with_group_advantages(tmp_path):
+    run = tmp_path / "train"
+    (run / "config.yaml").parent.mkdir(parents=True)
+    (run / "config.yaml").write_text("model: tiny-random\nprotocol: {format: tool-calls, template: tools-oneshot}\n")
+    old, new = _records()[:2], _records()
+    _write(run / "samples" / "step_0001.jsonl", old)
+    for rec, group, total in zip(new, (0, 0, 1), (1.0, 0.0, 0.5)):
+        rec.update(group=group, reward={"total": total, "format": 1.0})
+    _write(run / "samples" / "step_0002.jsonl", new)
+    text = write_view(run).read_text(encoding="utf-8")
+    assert "<title>train · step_0002 samples · searchrl</title>" in text
+    advantages = re.findall(r"<dt>advantage</dt><dd>([^<]*)</dd>", text)
+    assert advantages == ["+0.5 (reward minus the mean of group 0)", "-0.5 (reward minus the mean of group 0)",
+                          "+0 (reward minus the mean of group 1)"]
+    assert '<details class="prompt">' not in text  # a tool-call prompt needs the tokenizer: not rebuilt
+
+
+def test_a_folder_with_no_trajectories_is_one_clear_error(tmp_path):
+    with pytest.raises(SearchRLError, match="no predictions.jsonl and no samples"):
+        write_view(tmp_path)
+
+
+def test_group_advantages_are_reward_minus_group_mean():
+    import doctest
+
+    from searchrl.eval import view_run
+    assert doctest.testmod(view_run).failed == 0

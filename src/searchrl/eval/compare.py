@@ -1,13 +1,16 @@
 """`searchrl eval compare DIR [DIR ...]`: the metrics.json of several runs side by side.
 
-Rows are runs (named by their folder, model, method and dataset), columns are metrics; fractions
-are shown in percent. Runs written before a metric existed show `n/a` in its column. A second
+Columns are runs (named by their folder), rows are the model, method, dataset and the metrics, so
+the table stays narrow for a handful of runs; fractions are shown in percent. Runs that answered
+different questions are compared with a warning line. Runs written before a metric existed show `n/a` in its column. A second
 table holds the multi-hop behaviour per question type (`searchrl.eval.multihop`): one row per run
 and type, for the runs that measured it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -75,17 +78,41 @@ def _run_name(folder: str | Path) -> str:
 
 
 def compare_rows(folders: Sequence[str | Path]) -> tuple[list[str], list[list[str]]]:
-    """(header, rows) of the comparison, one row per run folder, in the order given; a model or
-    dataset given as a path is named by its run (`searchrl.tables.short_path`)."""
-    header = list(RUN_COLUMNS) + [label for _, label, _ in COLUMNS]
-    rows = []
-    for folder in folders:
-        m = read_metrics(folder)
-        rows.append(
-            [_run_name(folder)] + [short_path(str(m.get(key) or "-")) for key in RUN_COLUMNS[1:]]
-            + metric_cells(m, [key for key, _, _ in COLUMNS])
-        )
-    return header, rows
+    """(header, rows) of the comparison, transposed so it stays narrow: a column per run (named by
+    its folder, in the order given), a row per field (model, method, dataset, then the metrics);
+    a metric no run measured is left out. A model or dataset given as a path is named by its run
+    (`searchrl.tables.short_path`)."""
+    runs = [read_metrics(folder) for folder in folders]
+    rows = [[key] + [short_path(str(m.get(key) or "-")) for m in runs] for key in RUN_COLUMNS[1:]]
+    for key, label, kind in COLUMNS:
+        if any(m.get(key) is not None for m in runs):
+            rows.append([label] + [_cell(m.get(key), kind) for m in runs])
+    return ["", *map(_run_name, folders)], rows
+
+
+def _question_ids(folder: str | Path) -> frozenset[str] | None:
+    path = Path(folder) / "predictions.jsonl" if Path(folder).is_dir() else Path(folder).parent / "predictions.jsonl"
+    if not path.is_file():
+        return None
+    ids = []
+    with path.open(encoding="utf-8") as lines:
+        for line in lines:
+            with contextlib.suppress(ValueError, AttributeError):
+                ids.append(str(json.loads(line).get("question_id")))
+    return frozenset(ids)
+
+
+def question_set_warning(folders: Sequence[str | Path]) -> str | None:
+    """One line when the runs did not answer the same questions (another dataset, another count,
+    or, where predictions.jsonl is there, other question ids); None when they did."""
+    runs = [read_metrics(folder) for folder in folders]
+    sets = {(m.get("dataset"), m.get("n")) for m in runs}
+    ids = [_question_ids(folder) for folder in folders]
+    known = [i for i in ids if i is not None]
+    if len(sets) == 1 and len(set(known)) <= 1:
+        return None
+    each = ", ".join(f"{_run_name(f)}: {m.get('n', '?')} of {m.get('dataset', '?')}" for f, m in zip(folders, runs))
+    return f"warning: the runs answered different questions ({each}); their scores are not comparable"
 
 
 def by_type_rows(folders: Sequence[str | Path]) -> tuple[list[str], list[list[str]]]:
@@ -100,30 +127,37 @@ def by_type_rows(folders: Sequence[str | Path]) -> tuple[list[str], list[list[st
 def compare_markdown(folders: Sequence[str | Path]) -> str:
     """The comparison as a Markdown table, then the per-type table (when a run has one)."""
     header, rows = compare_rows(folders)
-    markdown = markdown_table(header, rows, [i >= len(RUN_COLUMNS) for i in range(len(header))])
+    markdown = markdown_table(header, rows, [i > 0 for i in range(len(header))])
     header, rows = by_type_rows(folders)
     return markdown + ("\n" + markdown_table(header, rows, right_aligned(header)) if rows else "")
 
 
-def compare_command(folders: Sequence[str], out: str | None = None, console: Console | None = None) -> str:
-    """`searchrl eval compare`: a table on screen (Markdown when piped; on a narrow terminal the
-    columns that fit, the rest named as being in `out`), then the per-type table; the Markdown tables into
+def compare_command(folders: Sequence[str], out: str | None = None, console: Console | None = None,
+                    markdown: bool = False) -> str:
+    """`searchrl eval compare`: a warning line when the runs answered different questions, then a
+    rich table on a terminal (Markdown when piped or with `markdown`; on a narrow terminal the runs
+    that fit, the rest named as being in `out`), then the per-type table; the Markdown tables into
     `out` if given."""
     if not folders:
         raise SearchRLError("give at least one run folder")
-    header, rows = compare_rows(folders)
-    # On a narrow terminal the run names and the scores stay; model, method and dataset go first.
-    columns = [Column(col, right=i >= len(RUN_COLUMNS), drop_first=0 < i < len(RUN_COLUMNS)) for i, col in enumerate(header)]
     console = console or Console()
-    print_table(console, columns, rows, title="evaluation runs", keep=1, elsewhere=out)
-    header, rows = by_type_rows(folders)
-    if rows:
-        console.print()
-        print_table(console, [Column(col, right=r) for col, r in zip(header, right_aligned(header))], rows,
-                    title="by question type", keep=2, elsewhere=out)
-    markdown = compare_markdown(folders)
+    warning = question_set_warning(folders)
+    if warning:
+        Console(stderr=True).print(warning, markup=False, highlight=False, soft_wrap=True)
+    text = compare_markdown(folders)
+    if markdown:
+        console.print(text, end="", markup=False, highlight=False, soft_wrap=True)
+    else:
+        header, rows = compare_rows(folders)
+        print_table(console, [Column(col, right=i > 0) for i, col in enumerate(header)], rows,
+                    title="evaluation runs", keep=2, elsewhere=out)
+        header, rows = by_type_rows(folders)
+        if rows:
+            console.print()
+            print_table(console, [Column(col, right=r) for col, r in zip(header, right_aligned(header))], rows,
+                        title="by question type", keep=2, elsewhere=out)
     if out is not None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(markdown, encoding="utf-8")
+        Path(out).write_text(text, encoding="utf-8")
         Console(stderr=True).print(f"wrote {out}", highlight=False, markup=False)
-    return markdown
+    return text

@@ -2,7 +2,8 @@
 response length, searches per rollout, format-ok rate and answer F1 against the step, both stages
 on one axis with the stage boundary marked. Health alarms are marked where they fired (red
 dotted lines), and the steps a rollback abandoned are drawn grey and dashed, ending in a cross at
-the alarm. Reads the run's jsonl files only (metrics, alarms, rollbacks); matplotlib Agg.
+the alarm. Several runs are overlaid, a colour per run, on one strip of the same curves. Reads the
+runs' jsonl files only (metrics, alarms, rollbacks); matplotlib Agg.
 `bar_panels` draws the bar charts of `searchrl eval report`.
 """
 
@@ -113,6 +114,62 @@ def plot_run(run_dir: Path, out: Path | None = None, window: int | None = None) 
     return written
 
 
+def run_labels(runs: Sequence[Path]) -> list[str]:
+    """Each run's legend name: its folder's name, with its parent's where two runs share one.
+
+    >>> run_labels([Path("runs/a/train"), Path("runs/b/train"), Path("runs/demo")])
+    ['a/train', 'b/train', 'demo']
+    """
+    names = [Path(r).name for r in runs]
+    return [f"{Path(r).parent.name}/{name}" if names.count(name) > 1 else name for r, name in zip(runs, names)]
+
+
+def overlay_series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of one curve over a run's whole schedule, both stages on one line."""
+    pts = [(r[mn.STEP], r[key]) for r in records if r.get(key) is not None]
+    return [s for s, _ in pts], [v for _, v in pts]
+
+
+def overlay_runs(runs: Sequence[Path], out: Path | None = None, window: int | None = None) -> Path:
+    """`searchrl plot RUN1 RUN2 ...`: every curve with the runs overlaid, a colour per run (the
+    raw steps faint, the moving average bold); `out` (default: the first run's plots/) gets
+    `overlay.png`. Returns its path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [Path(r) for r in runs]
+    loaded = []
+    for run in runs:
+        records = read_metrics(run)
+        if not records:
+            raise SearchRLError(f"{run / 'metrics.jsonl'} is missing or holds no complete step record; pass directories of `searchrl train` runs")
+        loaded.append(records)
+    out = Path(out) if out is not None else runs[0] / "plots"
+    out.mkdir(parents=True, exist_ok=True)
+    fig, axes = plt.subplots(1, len(CURVES), figsize=(4.2 * len(CURVES), 3.6))
+    for ax, (key, title, ylabel) in zip(axes, CURVES):
+        for i, (records, label) in enumerate(zip(loaded, run_labels(runs))):
+            steps, values = overlay_series(records, key)
+            if not steps:
+                continue
+            color = f"C{i % 10}"
+            ax.plot(steps, values, color=color, alpha=0.25, linewidth=1)
+            ax.plot(steps, _smooth(values, window or max(1, len(values) // 10)), color=color, linewidth=2, label=label)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    axes[0].legend(loc="best", fontsize=8)
+    fig.suptitle(" vs ".join(run_labels(runs)))
+    fig.tight_layout()
+    path = out / "overlay.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def bar_panels(
     path: Path, title: str, groups: Sequence[str], panels: dict[str, dict[str, Sequence[float | None]]],
     hatched: Collection[str] = (),
@@ -154,7 +211,10 @@ def bar_panels(
     return Path(path)
 
 
-def plot_command(run: Path, out: Path | None, window: int | None) -> None:
-    """`searchrl plot RUN`: draw the curves and say where they went."""
-    paths = plot_run(run, out, window)
+def plot_command(runs: Sequence[Path], out: Path | None, window: int | None) -> None:
+    """`searchrl plot RUN [RUN ...]`: draw one run's curves, or several runs overlaid, and say where they went."""
+    if len(runs) > 1:
+        print(f"wrote {overlay_runs(runs, out, window)} ({len(runs)} runs overlaid)")
+        return
+    paths = plot_run(runs[0], out, window)
     print(f"wrote {len(paths)} plots to {paths[0].parent} (all curves: {paths[-1].name})")

@@ -37,6 +37,13 @@ from searchrl.data.textio import iter_json_lines, read_json
 from searchrl.data.trajectory import Segment
 from searchrl.errors import DataError, DataWarning, listing
 from searchrl.eval.view_assets import CSS, JS
+from searchrl.eval.view_run import (
+    group_advantages,
+    page_title,
+    prompt_builder,
+    resolve_input,
+    run_config,
+)
 from searchrl.metrics import answer_scores
 from searchrl.tags import TAG_PRESETS, get_tags, segments_from_text
 from searchrl.toolformat.parse import CALL_FORMATS, Turn
@@ -67,6 +74,9 @@ class ViewItem:
     bad: dict[str, object] = field(default_factory=dict)  # field -> value as written, when not a valid number
     tool_calls: list[dict] = field(default_factory=list)  # {name, arguments, ok, error} per call
     call_format: str | None = None  # tool-call trajectories: the call format; None: tags
+    group: int | None = None  # training samples: the question group within the step
+    advantage: float | None = None  # training samples: reward minus the group's mean (`view_run`)
+    prompt: str | None = None  # the prompt the run gave the model, when it can be rebuilt
 
     @property
     def correct(self) -> bool | None:
@@ -196,6 +206,7 @@ def _item(rec: dict, line: int, where: str) -> ViewItem:
         bad=bad,
         tool_calls=_tool_calls(rec.get("tool_calls"), where),
         call_format=_call_format(segments),
+        group=rec["group"] if isinstance(rec.get("group"), int) and not isinstance(rec["group"], bool) else None,
     )
 
 
@@ -528,6 +539,8 @@ def render_card(item: ViewItem, index: int) -> str:
         facts.append(
             ("reward", " · ".join(f"{k} {_fmt(v)}" for k, v in _flatten(item.reward).items()))
         )
+    if item.advantage is not None:
+        facts.append(("advantage", f"{item.advantage:+.3g} (reward minus the mean of group {item.group})"))
     if item.call_format is not None:
         facts.append(("tool calls", _calls_summary(item.tool_calls) if item.tool_calls else "none"))
     if item.bad:
@@ -536,6 +549,8 @@ def render_card(item: ViewItem, index: int) -> str:
         f"<dt>{name}</dt><dd{' class=prediction' if name == 'prediction' else ''}>{_e(value)}</dd>"
         for name, value in facts
     )
+    prompt = (f'<details class="prompt"><summary>the prompt</summary><pre>{_e(item.prompt)}</pre></details>'
+              if item.prompt else "")
     searches = ""
     if item.queries:
         rows = []
@@ -552,7 +567,7 @@ def render_card(item: ViewItem, index: int) -> str:
         f'data-searches="{"na" if item.n_searches is None else item.n_searches}">'
         f'<div class="card-head"><span class="idx">#{index}</span>'
         f'<span class="qid">{_e(item.question_id)}</span>{_badge(item)}{"".join(pills)}</div>'
-        f'<h2 class="question">{_e(item.question)}</h2><dl class="facts">{dl}</dl>'
+        f'<h2 class="question">{_e(item.question)}</h2><dl class="facts">{dl}</dl>{prompt}'
         f"{render_response(item)}{searches}</article>"
     )
 
@@ -562,17 +577,46 @@ def _nonfinite(metrics: dict[str, object]) -> list[str]:
 
 
 def _metrics_table(metrics: dict[str, object], caption: str) -> str:
-    """The metrics in one row; a NaN or infinite value is flagged, so it cannot pass for a score."""
+    """Every metric, one row each, folded under a line that counts them; a NaN or infinite value
+    is flagged, so it cannot pass for a score."""
     flagged = set(_nonfinite(metrics))
-    head = "".join(f"<th>{_e(k)}</th>" for k in metrics)
-    cells = "".join(
-        f'<td class="nonfinite">{_e(_fmt(v))} (not finite)</td>' if k in flagged else f"<td>{_e(_fmt(v))}</td>"
+    rows = "".join(
+        f'<tr><th>{_e(k)}</th><td class="nonfinite">{_e(_fmt(v))} (not finite)</td></tr>' if k in flagged
+        else f"<tr><th>{_e(k)}</th><td>{_e(_fmt(v))}</td></tr>"
         for k, v in metrics.items()
     )
     return (
-        f'<table class="metrics"><caption>{_e(caption)}</caption>'
-        f"<tr>{head}</tr><tr>{cells}</tr></table>"
+        f'<details class="all-metrics"><summary>all {len(metrics)} metrics: {_e(caption)}</summary>'
+        f'<table class="metrics">{rows}</table></details>'
     )
+
+
+# The headline metrics of the summary line: (key, label, digits); None digits = a fraction in %.
+# metrics.json names first, then the names `computed_metrics` gives the same figures.
+_SUMMARY = (
+    ("n", "questions", 0), ("em", "EM", None), ("f1", "F1", None), ("cover_em", "cover-EM", None),
+    ("cem", "cover-EM", None), ("acc_l", "ACC_L", None), ("format_ok_rate", "format ok", None),
+    ("search_rate", "searched", None), ("mean_searches", "searches/q", 2), ("n_searches_mean", "searches/q", 2),
+    ("retrieval_recall", "supporting found", None), ("query_echo_rate", "echo", None),
+)
+
+
+def summary_line(metrics: dict[str, object]) -> str:
+    """The headline metrics in one short line, fractions in percent (as the CLI shows them)."""
+    parts, labels = [], set()
+    for key, label, digits in _SUMMARY:
+        value = metrics.get(key)
+        if label in labels or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        labels.add(label)
+        if not math.isfinite(value):
+            text = f"{_fmt(value)} (not finite)"
+        elif digits is None:
+            text = f"{100 * value:.1f} %"
+        else:
+            text = f"{value:.{digits}f}"
+        parts.append(f"<span><b>{_e(label)}</b> {_e(text)}</span>")
+    return f'<p class="summary">{" · ".join(parts)}</p>' if parts else ""
 
 
 def render_page(
@@ -589,7 +633,7 @@ def render_page(
     count = f"{total} trajectories" + (
         f", showing the first {len(items)}" if total > len(items) else ""
     ) + (f" · {protocol}" if protocol else "")
-    table = _metrics_table(metrics, metrics_caption) if metrics else ""
+    table = summary_line(metrics) + _metrics_table(metrics, metrics_caption) if metrics else ""
     cards = "\n".join(render_card(it, i) for i, it in enumerate(items, start=1))
     return (
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
@@ -606,35 +650,32 @@ def render_page(
 
 
 def run_protocol(predictions: Path) -> str | None:
-    """What the run that wrote `predictions` spoke, from its config.yaml (an eval run's, beside the
-    file; a training run's, above its samples/): model (an export's origin too), profile and
-    protocol, in one line. None when there is no readable one (a file from elsewhere)."""
-    import yaml
-
+    """What the run that wrote `predictions` spoke, from its config.yaml (`view_run.run_config`):
+    model (an export's origin too), profile and protocol, in one line. None when there is no
+    readable one (a file from elsewhere)."""
     from searchrl.checkpoint_meta import export_origin
 
-    for config in (predictions.parent / "config.yaml", predictions.parent.parent / "config.yaml"):
-        try:
-            data = yaml.safe_load(config.read_text(encoding="utf-8")) if config.is_file() else None
-        except (OSError, yaml.YAMLError):
-            data = None
-        protocol = data.get("protocol") if isinstance(data, dict) else None
-        if isinstance(protocol, dict):
-            fmt = protocol.get("format", "tags")
-            spoken = f"tags {protocol.get('tags')}" if fmt == "tags" else f"tool calls ({', '.join(data.get('tools') or ['search'])})"
-            notes = [f"export of {origin}" for origin in [export_origin(str(data.get("model")))] if origin]
-            notes += [f"profile {data['profile']}"] if data.get("profile") else []
-            about = f" ({'; '.join(notes)})" if notes else ""
-            return f"{data.get('model')}{about}: {spoken}, template {protocol.get('template')}"
-    return None
+    data = run_config(predictions)
+    protocol = data.get("protocol") if data else None
+    if not isinstance(protocol, dict):
+        return None
+    fmt = protocol.get("format", "tags")
+    spoken = f"tags {protocol.get('tags')}" if fmt == "tags" else f"tool calls ({', '.join(data.get('tools') or ['search'])})"
+    notes = [f"export of {origin}" for origin in [export_origin(str(data.get("model")))] if origin]
+    notes += [f"profile {data['profile']}"] if data.get("profile") else []
+    about = f" ({'; '.join(notes)})" if notes else ""
+    return f"{data.get('model')}{about}: {spoken}, template {protocol.get('template')}"
 
 
 def write_view(predictions: Path, out: Path | None = None, limit: int | None = None) -> Path:
-    """Render `predictions` (JSONL) to `out` (default: same name, .html) and return the path.
+    """Render `predictions` (JSONL, or a run folder: `view_run.resolve_input`) to `out` (default:
+    same name, .html) and return the path. The page is titled by its run and model; a training
+    sample shows its advantage within its group; each card folds the prompt when it can be rebuilt.
 
     Metrics come from metrics.json beside the file when present, else from the records' scores
     (all records, even past `limit`).
     """
+    predictions = resolve_input(predictions)
     out = out or predictions.with_suffix(".html")
     if out.is_dir():
         raise DataError(f"--out {out} is a directory; give a file name, e.g. {out / predictions.with_suffix('.html').name}")
@@ -649,7 +690,14 @@ def write_view(predictions: Path, out: Path | None = None, limit: int | None = N
         _warn(f"{caption}: {listing(_nonfinite(metrics))} is NaN or infinite (flagged on the page); "
               "a record or the run that wrote it went wrong")
     shown = items[:limit] if limit is not None else items
-    page = render_page(shown, predictions.name, metrics, caption, total=len(items), protocol=run_protocol(predictions))
+    rewards = [it.reward.get("total") if it.reward and _finite(it.reward.get("total")) else None for it in items]
+    for item, advantage in zip(items, group_advantages([it.group for it in items], rewards)):
+        item.advantage = advantage
+    prompt = prompt_builder(predictions)
+    for item in shown if prompt else ():
+        item.prompt = prompt(item.question)
+    page = render_page(shown, page_title(predictions, metrics), metrics, caption, total=len(items),
+                       protocol=run_protocol(predictions))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page, encoding="utf-8")
     return out

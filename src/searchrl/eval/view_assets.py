@@ -15,7 +15,9 @@ header { padding:16px 24px 8px; background:#fff; border-bottom:1px solid var(--l
 h1 { font-size:18px; margin:0 0 2px; word-break:break-all; }
 .sub { color:var(--muted); margin:0 0 8px; }
 table.metrics { border-collapse:collapse; margin:4px 0 8px; font-size:13px; }
-table.metrics caption { text-align:left; color:var(--muted); font-size:12px; }
+p.summary { margin:4px 0; font-size:15px; } p.summary b { font-weight:600; color:var(--muted); }
+details.all-metrics summary { color:var(--muted); font-size:12px; cursor:pointer; }
+details.prompt pre { white-space:pre-wrap; font-size:12px; background:var(--bg); padding:6px; }
 table.metrics th, table.metrics td { border:1px solid var(--line); padding:2px 8px; }
 table.metrics th { background:var(--bg); font-weight:600; text-align:left; }
 table.metrics td { font-variant-numeric:tabular-nums; text-align:right; }

@@ -157,6 +157,9 @@ class Actor:
             folder, saved = resume_from
             if self.dist.sharded:
                 sharding.load_sharded_optimizer(folder / ckpt.SHARDED_DIR, self.model, self.optimizer)
+            elif saved.optimizer is None:  # an older checkpoint under logging.optimizer_in_latest_only
+                print(f"{folder.name} holds no optimizer state (logging.optimizer_in_latest_only): the optimizer "
+                      "starts fresh", flush=True)
             else:  # already read with the trainer state: not loaded from disk a second time
                 self.optimizer.load_state_dict(saved.optimizer)
         self.reference = None  # the previous stage's copy goes before the next one loads

@@ -178,6 +178,13 @@ class LoggingConfig(StrictModel):
     samples_per_dump: int | None = Field(None, ge=1, description="At most this many trajectories per dump; null = all of the step.")
     checkpoint_every: int = Field(10, ge=0, description="Save a checkpoint every N steps (and always at a stage's end); 0 = only at stage ends.")
     keep_last: int | None = Field(3, ge=1, description="Keep this many latest checkpoints (stage-end ones are always kept); null = all.")
+    optimizer_in_latest_only: bool = Field(
+        False,
+        description="Keep the optimizer state (float32 Adam moments, twice the weights: most of a checkpoint) only in "
+        "the newest checkpoint; older ones keep weights, RNG and trainer state, enough to evaluate, export or start a "
+        "run from, and resuming from one (a rollback, a damaged newest) starts a fresh optimizer. One-process runs; "
+        "sharded checkpoints keep theirs.",
+    )
     report_to: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
         ["tensorboard"],
         description="Experiment trackers that get every metric of metrics.jsonl (same names and steps), the resolved "

@@ -48,6 +48,18 @@ def write_checksums(folder: Path) -> None:
     os.replace(tmp, folder / CHECKSUMS)
 
 
+def drop_file(folder: Path, name: str) -> None:
+    """Delete one file of a verified folder and its entry in `checksums.json` (entry first: a kill
+    in between leaves an uncovered file, which a resume reads as damage, never a silent gap)."""
+    folder = Path(folder)
+    sums = json.loads((folder / CHECKSUMS).read_text())
+    sums.pop(name, None)
+    tmp = folder / f".{CHECKSUMS}.tmp"
+    tmp.write_text(json.dumps(sums, indent=1) + "\n")
+    os.replace(tmp, folder / CHECKSUMS)
+    (folder / name).unlink(missing_ok=True)
+
+
 def _entry_problem(name: str, want) -> str | None:
     path = PurePosixPath(name)
     if not name or path.is_absolute() or ".." in path.parts or "\\" in name:

@@ -28,7 +28,7 @@ from searchrl.config import dump_config
 from searchrl.errors import SearchRLError
 from searchrl.profiles import announce
 from searchrl.rl import checkpoint as ckpt
-from searchrl.rl import rollback, rundir
+from searchrl.rl import disk_use, rollback, rundir
 from searchrl.rl.actor import Actor
 from searchrl.rl.async_ranks import AsyncRanks
 from searchrl.rl.config import TrainConfig
@@ -201,13 +201,15 @@ def _train_opened(cfg: TrainConfig, stages: list[int] | None, d: Dist, run_dir: 
                 if last or stop or (every and (k + 1) % every == 0):
                     if last:
                         stage_ends[stage] = ckpt.checkpoint_name(step)
-                    actor.save(run_dir, step, ckpt.TrainerState(
+                    saved = actor.save(run_dir, step, ckpt.TrainerState(
                         plan=plan, stage=stage, stage_step=k + 1, step=step, data_position=position,
                         metrics_lines=metrics_lines, stage_ends=stage_ends, lora=cfg.algorithm.lora.enabled, world_size=d.world,
                     ), export=last, also=worker.write_ahead if isinstance(worker, AsyncRanks) else None)
                     if d.main:
                         keep = rollback.protected_for_rollback(run_dir, step, rollback.rollback_window(cfg.health))
                         ckpt.prune(run_dir, cfg.logging.keep_last, protected=set(stage_ends.values()) | keep)
+                        freed = disk_use.drop_old_optimizers(run_dir) if cfg.logging.optimizer_in_latest_only else 0
+                        print(disk_use.disk_line(run_dir, saved, freed), flush=True)
                 if stop:
                     raise HealthStop(
                         f"health monitor {stop.monitor} stopped the run at step {step}: {stop.message} "
