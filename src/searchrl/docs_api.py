@@ -10,7 +10,7 @@ import inspect
 
 # (section, its objects as module:name) in the order a reader meets them.
 API: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("Agents", ("searchrl.agent:AgentConfig", "searchrl.agent:build_agent", "searchrl.agent:Agent")),
+    ("Agents", ("searchrl.rollout.agent:AgentConfig", "searchrl.rollout.agent:build_agent", "searchrl.rollout.agent:Agent")),
     ("The rollout engine", ("searchrl.rollout.engine:RolloutEngine", "searchrl.rollout.engine:RolloutEngine.run",
                             "searchrl.data.types:Question", "searchrl.data.trajectory:Trajectory")),
     ("Rewards", ("searchrl.rewards:RewardConfig", "searchrl.rewards:compute_reward", "searchrl.rewards:RewardBreakdown")),

@@ -1,5 +1,5 @@
 """The protocol a run speaks: how the model's text maps to tool calls and how results go back
-(docs/concepts/protocols.md). Configured by `ProtocolConfig`; `searchrl.agent.build_protocol`
+(docs/concepts/protocols.md). Configured by `ProtocolConfig`; `searchrl.rollout.agent.build_protocol`
 builds one of two kinds, which the rollout engine, rewards and evaluation read alike (a prompt,
 stop strings, `read_turn`, `answer`):
 
