@@ -12,7 +12,7 @@ resolved. Imports count wherever they sit: at module level, inside functions, an
   `tools.context`). A package's `__init__` importing a module inside that package is a
   re-export, not a dependency, so it never makes such a pair (a submodule importing its own
   package back at run time is still a cycle, caught above);
-- the text format (`tags`, `protocol`), the rewards, every `eval` and every `data` module load
+- the protocols (`searchrl.protocols`), the rewards, every `eval` and every `data` module load
   neither the rollout engine nor the trainer: they work on `Trajectory` values, whoever produced
   them. The rollout config (which `eval run` and `data select` nest) and the backend interface it
   names are no engine;
@@ -150,8 +150,8 @@ def _loaded_by(module: str, graph: dict[str, set[str]]) -> dict[str, list[str]]:
 
 def test_graph_covers_the_package():
     top, _ = _graphs()
-    assert {"searchrl", "searchrl.tags", "searchrl.protocol", "searchrl.eval.run"} <= set(top)
-    assert "searchrl.tags" in top["searchrl.prompts"]  # `from searchrl.tags import ...`
+    assert {"searchrl", "searchrl.protocols.tags", "searchrl.protocols.tagged", "searchrl.eval.run"} <= set(top)
+    assert "searchrl.protocols.tags" in top["searchrl.protocols.prompts"]  # `from searchrl.protocols.tags import ...`
     assert "searchrl.rollout.config" in top["searchrl.rl.config"]
     assert "searchrl.eval.resume" in top["searchrl.eval.run"]  # `from searchrl.eval import resume as saved`
     typed = _graph("type_checking")
@@ -162,7 +162,7 @@ def test_graph_covers_the_package():
 def test_the_graph_reads_every_kind_of_import(monkeypatch):
     source = (
         "from typing import TYPE_CHECKING\n"
-        "import searchrl.tags\n"
+        "import searchrl.protocols.tags\n"
         "from searchrl.eval import resume\n"  # a submodule, named by `from package import`
         "from searchrl.eval import summary as s\n"
         "from . import compare\n"
@@ -177,7 +177,7 @@ def test_the_graph_reads_every_kind_of_import(monkeypatch):
     found = dict(_imports(ast.parse(source), "searchrl.eval.probe"))
     assert found == {
         "typing": "module",
-        "searchrl.tags": "module",
+        "searchrl.protocols.tags": "module",
         "searchrl.eval.resume": "module",
         "searchrl.eval.summary": "module",
         "searchrl.eval.compare": "module",
@@ -228,7 +228,7 @@ def test_data_imports_no_rollout_but_its_config():
 
 def test_text_format_rewards_eval_and_data_load_no_engine_or_trainer():
     top, _ = _graphs()
-    checked = ["searchrl.tags", "searchrl.protocol", "searchrl.format_rules", "searchrl.rewards"]
+    checked = ["searchrl.rewards", *(m for m in MODULES if m.startswith("searchrl.protocols"))]
     checked += [m for m in MODULES if m.startswith(("searchrl.eval.", "searchrl.data."))]
     leaks = [
         " -> ".join(chain)

@@ -31,14 +31,14 @@ from test_rollout import WordRetriever
 from searchrl.agent import AgentConfig, build_protocol
 from searchrl.assets import load_model
 from searchrl.data.types import Question
-from searchrl.protocol import ProtocolConfig
+from searchrl.protocols.chat_template import NativeChat
+from searchrl.protocols.config import ProtocolConfig
+from searchrl.protocols.template_selftest import transcript
 from searchrl.rollout.backend import SamplingParams
 from searchrl.rollout.config import RolloutConfig
 from searchrl.rollout.engine import RolloutEngine
 from searchrl.rollout.hf_backend import HFBackend
 from searchrl.rollout.scripted import ScriptedBackend
-from searchrl.toolformat import NativeChat
-from searchrl.toolformat.selftest import transcript
 from searchrl.tools import ToolContext, build_tools
 
 TEMPLATES = {"qwen25-style": QWEN25, "qwen3-style": QWEN3, "llama31-style": LLAMA31}

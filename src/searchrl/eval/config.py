@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 
 from searchrl.agent import AgentConfig
 from searchrl.judge import JudgeConfig
-from searchrl.protocol import ProtocolConfig
+from searchrl.protocols.config import ProtocolConfig
 from searchrl.retrieval import RetrievalConfig
 from searchrl.rollout.config import EVAL_ROLLOUT, EvalRollout, RolloutConfig
 

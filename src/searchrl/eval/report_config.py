@@ -15,7 +15,7 @@ from searchrl.config import StrictModel
 from searchrl.eval.config import EvalConfig
 from searchrl.judge import JudgeConfig
 from searchrl.profiles import apply_profile
-from searchrl.protocol import ProtocolConfig
+from searchrl.protocols.config import ProtocolConfig
 from searchrl.rollout.config import EVAL_ROLLOUT, EvalRollout, RolloutConfig
 
 DEFAULT_DATASETS = [
