@@ -1,7 +1,7 @@
 """Gold search trajectories, the training data of the SFT baseline (R1-Searcher Table 4): what an
 agent writes that searches for each supporting passage of a question in hop order and then
 answers, recorded as the rollout engine records a rollout (`RolloutEngine.written`): the same
-prompt ids, the documents blocks inserted by the engine's own code with loss mask 0, the policy's
+prompt ids, the observations built by the protocol's own code with loss mask 0, the policy's
 text with loss mask 1, each piece tokenized as a scripted policy's would be.
 
 A question's gold path needs its supporting passage ids in hop order (the toy world records them)
