@@ -117,10 +117,10 @@ def install_workload(chunk: int, tags) -> None:
 
 def _worker_main(cfg, *args):
     """The rollout worker process's entry: the workload installed, then the library's worker."""
-    from searchrl.protocol import Protocol
+    from searchrl.protocols.tagged import TagProtocol
     from searchrl.rollout import worker_process
 
-    install_workload(int(os.environ["SEARCHRL_BENCH_CHUNK"]), Protocol.named(cfg.protocol.tags).tags)
+    install_workload(int(os.environ["SEARCHRL_BENCH_CHUNK"]), TagProtocol.named(cfg.protocol.tags).tags)
     return worker_process.worker_main(cfg, *args)  # this process imported the library afresh: unpatched
 
 
@@ -137,14 +137,14 @@ def run_one(args) -> None:
     from trainer import toy_reward
 
     from searchrl.config import load_config
-    from searchrl.protocol import Protocol
+    from searchrl.protocols.tagged import TagProtocol
     from searchrl.rl import step
     from searchrl.rl import trainer as rl_trainer
     from searchrl.rl.config import TrainConfig
     from searchrl.rollout import async_worker as async_rollouts
     from searchrl.runlog import read_metrics
 
-    install_workload(s["chunk"], Protocol.named("search-r1").tags)
+    install_workload(s["chunk"], TagProtocol.named("search-r1").tags)
     os.environ["SEARCHRL_BENCH_CHUNK"] = str(s["chunk"])
     async_rollouts.worker_main = _worker_main  # spawn pickles it by name: this script, run again in the worker
     real_reward = step.compute_reward

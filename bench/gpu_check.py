@@ -210,7 +210,7 @@ def run_rollout(args, s: dict) -> None:
 
     from searchrl.assets import load_model
     from searchrl.data.catalog import load_dataset
-    from searchrl.protocol import Protocol
+    from searchrl.protocols.tagged import TagProtocol
     from searchrl.retrieval import open_retriever
     from searchrl.rollout.config import RolloutConfig
     from searchrl.rollout.hf_backend import HFBackend
@@ -219,7 +219,7 @@ def run_rollout(args, s: dict) -> None:
     model, tok = load_model(env["model"]["folder"], device=s["device"], dtype=s["dtype"])
     questions = load_dataset("toyworld:test")[: s["questions"]]
     retriever = open_retriever("toyworld")
-    protocol = Protocol.named("search-r1", env["template"])
+    protocol = TagProtocol.named("search-r1", env["template"])
     prompts = [protocol.prompt(q.question, tok) for q in questions]
     cfg = RolloutConfig(max_new_tokens=s["max_new_tokens"], max_searches=s["max_searches"], k=s["k"], temperature=1.0,
                         top_p=s["top_p"], seed=0, samples_per_question=s["samples"], batch_size=s["questions"] * s["samples"])

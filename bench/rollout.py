@@ -40,7 +40,7 @@ import torch
 
 from searchrl.assets import load_model
 from searchrl.data.catalog import load_dataset
-from searchrl.protocol import Protocol
+from searchrl.protocols.tagged import TagProtocol
 from searchrl.retrieval import open_retriever
 from searchrl.rollout.backend import BackendStats
 from searchrl.rollout.config import RolloutConfig
@@ -239,7 +239,7 @@ def main() -> None:
         raise SystemExit(f"--batch {args.batch} is not a multiple of --samples {args.samples}")
     questions = load_dataset("toyworld:test")[: args.batch // args.samples]
     retriever = open_retriever("toyworld")
-    protocol = Protocol.named("search-r1", "fewshot")
+    protocol = TagProtocol.named("search-r1", "fewshot")
     prompts = [protocol.prompt(q.question, tok) for q in questions]
     cfg = RolloutConfig(max_new_tokens=args.max_new_tokens, max_searches=args.max_searches, k=args.k,
                         temperature=1.0, top_p=0.95, greedy=not args.sample, seed=args.seed,

@@ -95,14 +95,14 @@ def workload(args):
     """(questions, prompts) of every step, question-major: step s uses rows [s*P, (s+1)*P)."""
     from searchrl.assets import load_tokenizer
     from searchrl.data.catalog import load_dataset
-    from searchrl.protocol import Protocol
+    from searchrl.protocols.tagged import TagProtocol
 
     n = args.prompts * (args.warmup + args.steps)
     questions = load_dataset("toyworld:train")[:n]
     if len(questions) < n:
         raise SystemExit(f"toyworld:train has {len(questions)} questions; this run needs {n}")
     tok = load_tokenizer(args.model)
-    protocol = Protocol.named("search-r1", "fewshot")
+    protocol = TagProtocol.named("search-r1", "fewshot")
     return questions, [protocol.prompt(q.question, tok) for q in questions], protocol
 
 
@@ -117,19 +117,20 @@ def peak_rss_gb() -> float:
 def run_ours(args) -> dict:
     import torch
 
-    from searchrl.rollout.agent import build_agent
-    from searchrl.protocol import Protocol, ProtocolConfig
+    from searchrl.protocols.config import ProtocolConfig
+    from searchrl.protocols.tagged import TagProtocol
     from searchrl.retrieval.base import Retriever
     from searchrl.retrieval.querycache import CachedRetriever
     from searchrl.rewards import RewardBreakdown
     from searchrl.rl import step
     from searchrl.rl.actor import Actor
     from searchrl.rl.config import AlgorithmConfig, LoggingConfig, StageConfig, TrainConfig
-    from searchrl.rollout.worker import RolloutWorker
     from searchrl.rl.trainer import step_seed
+    from searchrl.rollout.agent import build_agent
     from searchrl.rollout.backend import make_backend
     from searchrl.rollout.config import RolloutConfig, VLLMOptions
     from searchrl.rollout.hf_backend import HFBackend
+    from searchrl.rollout.worker import RolloutWorker
 
     questions, _, protocol = workload(args)
     cfg = TrainConfig(
@@ -155,7 +156,7 @@ def run_ours(args) -> dict:
 
     # TRL's generate stops only at EOS or the budget; ours would also stop at </search> and
     # </answer>, so without stop strings both sample the same kind of completion.
-    class NoStops(Protocol):
+    class NoStops(TagProtocol):
         def stop_strings(self) -> list[str]:
             return []
 

@@ -346,9 +346,8 @@ def load_model(name: str = DEFAULT_MODEL, device: str = "cpu", dtype=None):
     source = resolve_model(name)  # before the transformers import: a bad name fails in a second
     from transformers import AutoModelForCausalLM
 
-    from searchrl.cpu_attention import use_gqa_attention
-
     from searchrl.compat import quiet_weight_bars
+    from searchrl.cpu_attention import use_gqa_attention
 
     quiet_weight_bars()  # no "Loading weights" bar in our commands' output
     tokenizer = _tokenizer_from(source, name)

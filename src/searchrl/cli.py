@@ -374,8 +374,8 @@ def index_search(
     k_factor: int | None = typer.Option(None, "--k-factor", min=1, help="Dense refine stage only: candidates re-ranked per passage (default: the index's)."),
 ) -> None:
     """Search an index with one query and show the top-k passages with their scores."""
-    from searchrl.retrieval.show import search_command
     from searchrl.retrieval.kinds import SearchSettings
+    from searchrl.retrieval.show import search_command
 
     search_command(index_dir, query, k, as_json, SearchSettings(nprobe=nprobe, ef_search=ef_search, k_factor=k_factor))
 

@@ -278,7 +278,7 @@ def family_members() -> dict[str, Callable[[], list[str]]]:
     tools and reward terms add theirs)."""
     from searchrl import metric_names as mn
     from searchrl.data.trajectory import STOP_REASONS
-    from searchrl.format_rules import FORMAT_RULES
+    from searchrl.protocols.format_rules import FORMAT_RULES
     from searchrl.retrieval.web.budget import COUNTERS
     from searchrl.reward_terms import REWARD_TERMS
     from searchrl.rl.monitors import MONITORS

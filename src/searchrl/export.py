@@ -43,7 +43,7 @@ from searchrl.export_chat import (
     trained_prompt_template,
 )
 from searchrl.paths import make_readable
-from searchrl.prompts import resolve_template
+from searchrl.protocols.prompts import resolve_template
 from searchrl.rl import checkpoint as ckpt
 
 EXAMPLE_QUESTION = "Which river flows through the capital?"  # the card's examples

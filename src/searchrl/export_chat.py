@@ -17,7 +17,7 @@ completions do not build the trained prompt (`TEMPLATE_BASE`).
 
 from __future__ import annotations
 
-from searchrl.prompts import template_uses_chat
+from searchrl.protocols.prompts import template_uses_chat
 
 # What `searchrl.json` records as `chat_template`: whose template the tokenizer carries.
 TEMPLATE_TRAINED = "trained-prompt"  # renders the prompt the run trained on (tag runs)

@@ -209,10 +209,10 @@ def _says_tags(protocol: dict) -> bool:
     """Whether the given protocol settings are a tag protocol's (tags, a tag prompt template):
     they win over a profile's tool calls. Tags stay the default format, so tool-call settings
     without `format: tool-calls` are refused as ever (`ProtocolConfig`)."""
-    from searchrl.protocol import NATIVE_TEMPLATES
+    from searchrl.protocols.prompts import TOOL_TEMPLATES
 
     template = protocol.get("template")
-    return "tags" in protocol or (template is not None and template not in NATIVE_TEMPLATES)
+    return "tags" in protocol or (template is not None and template not in TOOL_TEMPLATES)
 
 
 def _format_of(protocol) -> str:

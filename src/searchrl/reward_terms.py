@@ -36,7 +36,7 @@ from searchrl.registry import Registry
 
 @dataclass(frozen=True)
 class FormatVerdict:
-    """The format check's result (`searchrl.format_rules.check_format`): whether it passed, and the
+    """The format check's result (`Protocol.check_format`, `searchrl.protocols`): whether it passed, and the
     rules that failed."""
 
     ok: bool

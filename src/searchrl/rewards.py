@@ -1,6 +1,6 @@
 """Rewards (docs/concepts/rewards.md): the Stage-1 / Stage-2 rewards, weighted sums of named terms
 (`searchrl.reward_terms`) over one `Trajectory`, its gold answers and the format verdict
-(`searchrl.format_rules`). Everything here is a pure function of those.
+(`searchrl.protocols.format_rules`). Everything here is a pure function of those.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from searchrl.config import StrictModel
 from searchrl.data.trajectory import Trajectory
-from searchrl.format_rules import as_protocol, check_format, final_answer
 from searchrl.metrics import ANSWER_METRICS
-from searchrl.protocol import Protocol
+from searchrl.protocols.base import Protocol
+from searchrl.protocols.format_rules import final_answer
+from searchrl.protocols.tagged import TagProtocol
+from searchrl.protocols.tags import TagSet
 from searchrl.registry import Registry
 from searchrl.reward_terms import REWARD_TERMS, RewardInput, term_params
-from searchrl.tags import TagSet
-from searchrl.toolformat.protocol import NativeProtocol
 
 # ----------------------------------------------------------------------------------------------
 # Stage rewards: weighted sums of named terms (searchrl.reward_terms)
@@ -158,7 +158,7 @@ def compute_reward(
     traj: Trajectory,
     golds: Sequence[str],
     cfg: RewardConfig,
-    protocol: Protocol | NativeProtocol | TagSet,
+    protocol: Protocol | TagSet,
     *,
     think_opened_in_prompt: bool | None = None,
 ) -> RewardBreakdown:
@@ -169,7 +169,7 @@ def compute_reward(
     policy's text (`Protocol.answer`).
 
     >>> from searchrl.data.trajectory import Segment
-    >>> from searchrl.tags import R1SEARCHER_TAGS
+    >>> from searchrl.protocols.tags import R1SEARCHER_TAGS
     >>> t = Trajectory("q1", "Which river?", [], [], [], [],
     ...     [Segment("<|begin_of_query|>river<|end_of_query|>", "policy"),
     ...      Segment("\\n\\n<|begin_of_documents|>\\n(1)Title: T Text: x\\n<|end_of_documents|>\\n\\n", "env"),
@@ -184,10 +184,9 @@ def compute_reward(
     >>> r.total, r.terms["tool_cost"]
     (1.5, -0.5)
     """
-    protocol = as_protocol(protocol)
-    verdict = check_format(
+    protocol = TagProtocol.of(protocol)
+    verdict = protocol.check_format(
         traj,
-        protocol,
         think_opened_in_prompt=think_opened_in_prompt,
         max_answer_words=cfg.max_answer_words,
         require_think=cfg.require_think,

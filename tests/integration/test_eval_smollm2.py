@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 from searchrl.assets import load_tokenizer
 from searchrl.cli import app
 from searchrl.eval.score import score_file
+from searchrl.protocols.tags import SEARCH_R1_TAGS, format_documents
 from searchrl.retrieval import open_retriever
-from searchrl.tags import SEARCH_R1_TAGS, format_documents
 
 pytestmark = pytest.mark.integration
 

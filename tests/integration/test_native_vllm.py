@@ -38,9 +38,9 @@ from test_native_calls import SCHEMAS
 
 from searchrl.assets import load_model
 from searchrl.data.types import Question
+from searchrl.protocols.chat_template import NativeChat
 from searchrl.rollout.backend import make_backend
 from searchrl.rollout.config import RolloutConfig
-from searchrl.toolformat import NativeChat
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 

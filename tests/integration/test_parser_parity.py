@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from searchrl.eval.format_check import format_pass_rate
-from searchrl.tags import (
+from searchrl.protocols.tags import (
     R1SEARCHER_TAGS,
     extract_answer,
     extract_queries,

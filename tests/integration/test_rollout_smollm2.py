@@ -8,7 +8,7 @@ import pytest
 from searchrl.assets import load_model
 from searchrl.data.catalog import load_dataset
 from searchrl.data.trajectory import STOP_REASONS
-from searchrl.protocol import Protocol
+from searchrl.protocols.tagged import TagProtocol
 from searchrl.retrieval import open_retriever
 from searchrl.rollout.config import RolloutConfig
 from searchrl.rollout.engine import RolloutEngine
@@ -31,7 +31,7 @@ def test_smollm2_searches_and_env_tokens_are_the_inserted_blocks():
     model, tok = load_model("smollm2-135m")
     questions = load_dataset("toyworld:test")[:8]
     retriever = open_retriever("toyworld")
-    protocol = Protocol.named("search-r1", "fewshot")
+    protocol = TagProtocol.named("search-r1", "fewshot")
     backend = HFBackend(model, tok)
     cfg = RolloutConfig(max_new_tokens=64, max_searches=2, k=2, temperature=1.0, top_p=0.95, seed=0,
                         samples_per_question=2)

@@ -15,8 +15,8 @@ import torch
 
 from searchrl.assets import load_model
 from searchrl.data.catalog import load_dataset
+from searchrl.protocols.tagged import TagProtocol
 from searchrl.retrieval import open_retriever
-from searchrl.protocol import Protocol
 from searchrl.retrieval.base import Retriever
 from searchrl.rl.batch import make_batch
 from searchrl.rl.logprobs import batched_logprobs
@@ -37,7 +37,7 @@ def hf():
 
 @pytest.fixture(scope="module")
 def toy():
-    return load_dataset("toyworld:test"), open_retriever("toyworld"), Protocol.named("search-r1", "oneshot")
+    return load_dataset("toyworld:test"), open_retriever("toyworld"), TagProtocol.named("search-r1", "oneshot")
 
 
 @pytest.fixture(scope="module")

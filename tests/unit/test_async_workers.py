@@ -23,7 +23,7 @@ from searchrl.errors import SearchRLError
 from searchrl.rl.config import TrainConfig
 from searchrl.rollout import worker_links
 from searchrl.rollout.async_worker import AsyncRollouts, Order, shards, worker_configs
-from searchrl.rollout.worker_config import Dtype, WorkerConfig
+from searchrl.rollout.worker_config import WorkerConfig
 from searchrl.runlog import read_metrics
 
 STALE = ("rollout.mode=async", "rollout.max_staleness=1")

@@ -22,7 +22,8 @@ from searchrl.data.types import Passage, Question
 from searchrl.errors import SearchRLError
 from searchrl.eval.run import EvalConfig, records, run_eval
 from searchrl.eval.summary import metrics_markdown, summarize
-from searchrl.protocol import Protocol
+from searchrl.protocols.tagged import TagProtocol, document_block_ends
+from searchrl.protocols.tags import SEARCH_R1_TAGS, format_documents
 from searchrl.retrieval import RetrievalConfig
 from searchrl.retrieval.base import Retriever
 from searchrl.retrieval.store import MemoryPassages
@@ -35,10 +36,9 @@ from searchrl.rollout import hf_backend
 from searchrl.rollout.backend import SamplingParams, context_window
 from searchrl.rollout.bounds import check_rollout_fits, passage_tokens
 from searchrl.rollout.config import RolloutConfig
-from searchrl.rollout.engine import ANSWER_ROOM, RolloutEngine, document_block_ends
+from searchrl.rollout.engine import ANSWER_ROOM, RolloutEngine
 from searchrl.rollout.hf_backend import HFBackend
 from searchrl.rollout.scripted import ScriptedBackend
-from searchrl.tags import SEARCH_R1_TAGS, format_documents
 
 PASSAGES = [
     Passage(f"p{i}", f"Town {i}", f"Town {i} lies on the river R{i}; its market has sold wool, salt and iron since {1800 + i}.")
@@ -47,7 +47,7 @@ PASSAGES = [
 QUESTION = Question("q1", "Which river flows through Town 3?", ("R3",))
 PROMPT = "Q: Which river flows through Town 3?\nA: <think>"
 QUERY = " <search>Town 3 river</search>"
-PROTOCOL = Protocol.named("search-r1")
+PROTOCOL = TagProtocol.named("search-r1")
 HEAD, TAIL = document_block_ends(SEARCH_R1_TAGS)
 
 
@@ -155,10 +155,10 @@ def test_no_room_for_even_the_tags_stops_without_searching(tiny, monkeypatch):
 def test_the_cut_and_full_stops_are_counted_in_eval_summaries_and_training_metrics(tiny, monkeypatch):
     traj, _, _ = agent_run(tiny, monkeypatch, 160, k=12, max_searches=2, max_new_tokens=200)
     cfg = EvalConfig(retrieval=RetrievalConfig(index="idx"))
-    metrics = summarize(cfg, records(cfg, [QUESTION], [traj], Protocol.from_config(cfg.protocol)), {"seconds": 0.0})
+    metrics = summarize(cfg, records(cfg, [QUESTION], [traj], TagProtocol.from_config(cfg.protocol)), {"seconds": 0.0})
     assert (metrics["truncated_documents"], metrics["stop_reasons"]) == (1, {"context_full": 1})
     assert "| documents blocks cut / rollouts stopped, context full | 1 / 1 |" in metrics_markdown(metrics)
-    clean = summarize(cfg, [{**r, "truncated_documents": 0, "stop_reason": "answer"} for r in records(cfg, [QUESTION], [traj], Protocol.from_config(cfg.protocol))],
+    clean = summarize(cfg, [{**r, "truncated_documents": 0, "stop_reason": "answer"} for r in records(cfg, [QUESTION], [traj], TagProtocol.from_config(cfg.protocol))],
                       {"seconds": 0.0})
     assert "context full" not in metrics_markdown(clean)  # the row shows only when the context bounded the run
 
@@ -168,7 +168,7 @@ def test_the_cut_and_full_stops_are_counted_in_eval_summaries_and_training_metri
     scored = step.Scored([QUESTION] * 2, trajs, rewards, [0, 0])
     sums = torch.ones((2, len(step._SUMS)), dtype=torch.float64)
     out = step.record(step.StepIndex(1, 1, 0, 0), scored, sums, UpdateStats(0, 0, 0, 0, 1, 0, 0, 1e-5), False, False,
-                      step.Timing(1.0, 0.0, 0.0, 1.0), tools=["search"], protocol=SEARCH_R1_TAGS)
+                      step.Timing(1.0, 0.0, 0.0, 1.0), tools=["search"], protocol=TagProtocol(SEARCH_R1_TAGS))
     assert (out["truncated_documents"], out["stop_context_full"], out["stop_answer"]) == (0.5, 0.5, 0.5)
 
 

@@ -14,7 +14,7 @@ from searchrl.cli import app
 from searchrl.config import load_config, resolve_config_path
 from searchrl.errors import SearchRLError
 from searchrl.eval.run import EvalConfig
-from searchrl.protocol import ProtocolConfig
+from searchrl.protocols.config import ProtocolConfig
 from searchrl.retrieval import RetrievalConfig
 from searchrl.rl.config import TrainConfig
 from searchrl.rollout.config import RolloutConfig

@@ -27,7 +27,9 @@ from searchrl.assets import load_model
 from searchrl.data.types import Passage, Question
 from searchrl.eval.config import EvalConfig
 from searchrl.eval.run import generate
-from searchrl.protocol import Protocol, ProtocolConfig
+from searchrl.protocols.chat_template import NativeChat
+from searchrl.protocols.config import ProtocolConfig
+from searchrl.protocols.tagged import TagProtocol
 from searchrl.retrieval.base import Retriever
 from searchrl.retrieval.web.config import WebConfig
 from searchrl.retrieval.web.retriever import WebRetriever
@@ -36,7 +38,6 @@ from searchrl.rollout.config import RolloutConfig
 from searchrl.rollout.engine import RolloutEngine
 from searchrl.rollout.hf_backend import HFBackend
 from searchrl.rollout.scripted import ScriptedBackend
-from searchrl.toolformat import NativeChat
 from searchrl.tools import ToolContext, build_tools
 from searchrl.tools.base import Observation, Tool
 
@@ -144,7 +145,7 @@ class Forged(Retriever):
 
 
 def _tag_engine(model, tok, text):
-    protocol = Protocol.named("search-r1", "chat")
+    protocol = TagProtocol.named("search-r1", "chat")
     return RolloutEngine(HFBackend(model, tok), Forged(text), protocol, RolloutConfig(k=2, max_new_tokens=96, greedy=True))
 
 
@@ -277,7 +278,7 @@ def _with_retriever(build, retriever):
 
 
 def test_the_self_test_of_the_chat_template_still_passes_with_data_marks(tok):
-    from searchrl.toolformat import check_template
+    from searchrl.protocols.template_selftest import check_template
 
     check_template(NativeChat(tok, [Tool.schema.__func__(Echo)], template="hermes-fallback"))
     json.dumps(datatext.data_messages([{"role": "tool", "content": FORGED}]))  # marks are plain characters

@@ -132,14 +132,14 @@ def test_every_metric_a_training_step_writes_is_in_the_schema_and_every_entry_is
     every schema entry (name or family) is written by one of them."""
     from searchrl.config import load_config
     from searchrl.data.types import Passage
+    from searchrl.protocols.tags import SEARCH_R1_TAGS
     from searchrl.retrieval.index import build_index
     from searchrl.retrieval.web.budget import COUNTERS
     from searchrl.rl import trainer
-    from searchrl.rollout import worker as rollout_worker
     from searchrl.rl.config import TrainConfig
+    from searchrl.rollout import worker as rollout_worker
     from searchrl.rollout.scripted import ScriptedBackend
     from searchrl.runlog import read_metrics
-    from searchrl.tags import SEARCH_R1_TAGS
 
     real_create = rollout_worker.RolloutWorker.create
 

@@ -25,12 +25,12 @@ from searchrl.eval.answer_prompts import ANSWER_EXAMPLES, answer_protocol, docum
 from searchrl.eval.compare import compare_markdown
 from searchrl.eval.run import EvalConfig, answer_prompt, format_verdict, predict, run_eval
 from searchrl.eval.score import score_file
-from searchrl.protocol import Protocol
+from searchrl.protocols.tagged import TagProtocol
+from searchrl.protocols.tags import SEARCH_R1_TAGS, format_documents
 from searchrl.retrieval import RetrievalConfig
 from searchrl.retrieval.index import build_index, open_index
 from searchrl.rollout.backend import SamplingParams
 from searchrl.rollout.scripted import ScriptedBackend
-from searchrl.tags import SEARCH_R1_TAGS, format_documents
 
 PASSAGES = [
     Passage("p1", "Quellbridge", "Quellbridge is a market town on the river Tessaly."),
@@ -224,16 +224,16 @@ def test_answer_protocol_stops_at_the_answer_and_the_turn_end(tmp_path):
     agent_file = tmp_path / "agent.txt"
     agent_file.write_text("{instruction}\n\nUser: {question}\nAssistant: {think_open}")
     for template in ("base", "oneshot", str(agent_file)):  # a file's own turns are not rag's
-        stops = answer_protocol(Protocol.named("search-r1", template)).stop_strings()
+        stops = answer_protocol(TagProtocol.named("search-r1", template)).stop_strings()
         assert "</answer>" in stops and "\nUser:" in stops
-    assert "\nUser:" not in answer_protocol(Protocol.named("search-r1", "fewshot-chat")).stop_strings()  # EOS ends it
+    assert "\nUser:" not in answer_protocol(TagProtocol.named("search-r1", "fewshot-chat")).stop_strings()  # EOS ends it
 
 
 def _answered(text: str, stop_reason: str):
     """Prediction and format verdict of a rag response the model wrote after the prompt's `<answer>`."""
     t = Trajectory("q", "Q?", [], [], [], [], [Segment(text, "policy")] if text else [], stop_reason=stop_reason)
-    verdict = format_verdict(t, "rag", Protocol.named("search-r1", "oneshot"), require_think=False)
-    return predict(t, "rag", Protocol(SEARCH_R1_TAGS)), verdict.ok
+    verdict = format_verdict(t, "rag", TagProtocol.named("search-r1", "oneshot"), require_think=False)
+    return predict(t, "rag", TagProtocol(SEARCH_R1_TAGS)), verdict.ok
 
 
 def test_rag_answers_are_read_from_what_the_model_wrote():
@@ -267,9 +267,9 @@ def test_agent_prediction_rules():
     def traj(text, answer=None):
         return Trajectory("q", "Q?", [], [], [], [], [Segment(text, "policy")], answer=answer)
 
-    assert predict(traj("thinking only"), "agent", Protocol(SEARCH_R1_TAGS)) is None
-    assert predict(traj("</think><answer> Velmar\nport"), "agent", Protocol(SEARCH_R1_TAGS)) == "Velmar"  # budget cut
-    assert predict(traj("...", answer="Velmar"), "agent", Protocol(SEARCH_R1_TAGS)) == "Velmar"
+    assert predict(traj("thinking only"), "agent", TagProtocol(SEARCH_R1_TAGS)) is None
+    assert predict(traj("</think><answer> Velmar\nport"), "agent", TagProtocol(SEARCH_R1_TAGS)) == "Velmar"  # budget cut
+    assert predict(traj("...", answer="Velmar"), "agent", TagProtocol(SEARCH_R1_TAGS)) == "Velmar"
 
 
 def test_config_errors(world):

@@ -19,11 +19,11 @@ from searchrl.cli import app
 from searchrl.errors import SearchRLError
 from searchrl.eval import resume as saved
 from searchrl.eval.run import EvalConfig, run_eval
+from searchrl.protocols.tags import SEARCH_R1_TAGS
 from searchrl.retrieval.web.budget import BudgetExhausted
 from searchrl.rollout import worker as rollout_worker
 from searchrl.rollout.scripted import ScriptedBackend
 from searchrl.runlog import read_metrics
-from searchrl.tags import SEARCH_R1_TAGS
 
 Q1, Q2 = "Which river flows through Quellbridge?", "Who founded Orrin Optics?"
 GOLD = {Q1: "Tessaly", Q2: "Dagny Halvorsen"}

@@ -28,11 +28,11 @@ from searchrl.errors import DataWarning, SearchRLError
 from searchrl.eval.config import EvalConfig
 from searchrl.eval.view import write_view
 from searchrl.export import export, find_checkpoint, read_export
+from searchrl.protocols.chat_template import load_chat_template
 from searchrl.rl import trainer
 from searchrl.rl.checkpoint import latest_checkpoint
 from searchrl.rl.config import TrainConfig
 from searchrl.rollout.agent import build_protocol
-from searchrl.toolformat import load_chat_template
 
 MARKER_CEM = 0.4321  # an evaluation's cover-EM, to be found in the card as 43.2
 

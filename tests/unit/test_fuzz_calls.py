@@ -1,6 +1,6 @@
 """The policy's own text never crashes the rollout (docs/security.md): whatever a turn holds —
 bracket towers, numbers of thousands of digits, stray tags, broken escapes — the tool-call parsers
-(`searchrl.toolformat.parse`) and the tag protocol's turn reader return a turn with calls and
+(`searchrl.protocols.call_formats`) and the tag protocol's turn reader return a turn with calls and
 malformed-call reasons, never an exception. Fuzzed with hypothesis: 10,200 generated turns (4,000 + 3,200 + 3,000), each
 through every parser (derandomized, so CI sees the same inputs each run; a few seconds)."""
 
@@ -12,14 +12,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from searchrl.protocol import Protocol
-from searchrl.tags import TAG_PRESETS
-from searchrl.toolformat.parse import CALL_FORMATS, MAX_JSON_DEPTH, Turn, json_depth
+from searchrl.protocols.call_formats import CALL_FORMATS, MAX_JSON_DEPTH, Turn, json_depth
+from searchrl.protocols.tagged import TagProtocol
+from searchrl.protocols.tags import TAG_PRESETS
 from searchrl.tools.base import ToolCall
 from searchrl.tools.schema import check_arguments
 
 FORMATS = [CALL_FORMATS.get(name)() for name in CALL_FORMATS.names()]
-PROTOCOLS = [Protocol.named(name) for name in TAG_PRESETS.names()]
+PROTOCOLS = [TagProtocol.named(name) for name in TAG_PRESETS.names()]
 SEARCH = {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}
 
 def fuzz(n: int):
@@ -57,7 +57,7 @@ def check_every_parser(text: str) -> None:
             assert problem is None or isinstance(problem, str)
     for protocol in PROTOCOLS:
         for stop in (*protocol.stop_strings(), None):
-            read = protocol.read_turn(text, "stop" if stop else "eos", stop)
+            read = protocol.read_text(text, "stop" if stop else "eos", stop)
             assert read is None or all(isinstance(c.arguments["query"], str) for c in read.calls)
         protocol.answer([], cut_short=True)
 

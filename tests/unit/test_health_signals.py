@@ -12,15 +12,14 @@ import torch
 from searchrl.assets import load_tokenizer
 from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.data.types import Question
-from searchrl.format_rules import think_text
-from searchrl.protocol import Protocol
+from searchrl.protocols.chat_template import NativeChat
+from searchrl.protocols.chat_tools import ChatToolsProtocol
+from searchrl.protocols.tagged import TagProtocol
+from searchrl.protocols.tags import R1SEARCHER_TAGS, SEARCH_R1_TAGS
 from searchrl.rewards import RewardConfig, compute_reward
 from searchrl.rl import step
 from searchrl.rl.actor import UpdateStats
 from searchrl.rl.health_signals import back_to_back, loops, repeated_ngram_share
-from searchrl.tags import R1SEARCHER_TAGS, SEARCH_R1_TAGS
-from searchrl.toolformat.chat import NativeChat
-from searchrl.toolformat.protocol import NativeProtocol
 
 # Healthy: names its entities again and again, never one span thrice in a row.
 HEALTHY = ("I need the river of Town 3. Town 3 lies on a river; the river of Town 3 is named in the passage about "
@@ -55,33 +54,33 @@ def test_back_to_back_finds_the_longest_adjacent_repetition():
 
 
 def test_think_text_of_the_tag_protocols(tmp_path):
-    r1 = Protocol(R1SEARCHER_TAGS)  # the prompt opens the think block
+    r1 = TagProtocol(R1SEARCHER_TAGS)  # the prompt opens the think block
     traj = _traj((LOOPING + "<|begin_of_query|>river of Town 3<|end_of_query|>", "policy"),
                  ("<|begin_of_documents|>(1) Town 3 lies on R3. Town 3 lies on R3. Town 3 lies on R3.<|end_of_documents|>", "env"),
                  ("So it is R3.</think><answer>R3</answer>", "policy"))
-    text = think_text(traj, r1)
+    text = r1.think_text(traj)
     assert text.startswith("I need to search for Town 3.") and "river of Town 3" in text and text.endswith("So it is R3.")
     assert "lies on R3" not in text and "<|" not in text and "R3</answer>" not in text  # documents and tags left out
     # An unclosed think block (a tiny model rarely closes it) runs to the end of the policy's text.
-    assert think_text(_traj(("I think. I think. I think.", "policy")), r1) == "I think. I think. I think."
+    assert r1.think_text(_traj(("I think. I think. I think.", "policy"))) == "I think. I think. I think."
     # A prompt that does not open the think block: the block starts at the policy's tag.
     (tmp_path / "prompt.txt").write_text("Q: {question}\nA:")
-    opened = Protocol(SEARCH_R1_TAGS, template=str(tmp_path / "prompt.txt"))
+    opened = TagProtocol(SEARCH_R1_TAGS, template=str(tmp_path / "prompt.txt"))
     assert not opened.think_opened_in_prompt
-    assert think_text(_traj(("<think>Look it up.</think><answer>R3</answer>", "policy")), opened) == "Look it up."
-    assert think_text(_traj(("<answer>R3</answer>", "policy")), opened) == ""  # no think block at all
+    assert opened.think_text(_traj(("<think>Look it up.</think><answer>R3</answer>", "policy"))) == "Look it up."
+    assert opened.think_text(_traj(("<answer>R3</answer>", "policy"))) == ""  # no think block at all
 
 
 def test_think_text_of_tool_call_turns():
     template = str(Path(__file__).parent / "data" / "chat_templates" / "qwen3-style.jinja")
     schema = {"type": "function", "function": {"name": "search", "description": "Search.", "parameters": {
         "type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}
-    native = NativeProtocol(NativeChat(load_tokenizer("tiny-random"), [schema], template=template))
+    native = ChatToolsProtocol(NativeChat(load_tokenizer("tiny-random"), [schema], template=template))
     traj = _traj(('Town 3 first.\n<tool_call>{"name": "search", "arguments": {"query": "Town 3"}}</tool_call>', "policy"),
                  ("<tool_response>Town 3 lies on R3.</tool_response>", "env"),
                  ("<think>It says R3.</think>\nR3", "policy"))
     # A call turn without a think block: its text outside the call; a final turn: its think block only.
-    assert think_text(traj, native) == "Town 3 first.\nIt says R3."
+    assert native.think_text(traj) == "Town 3 first.\nIt says R3."
 
 
 def test_step_record_writes_the_degeneration_metrics():
@@ -98,9 +97,9 @@ def test_step_record_writes_the_degeneration_metrics():
     scored = step.Scored([question] * 4, trajs, rewards, [0, 0, 0, 0])
     sums = torch.ones((4, len(step._SUMS)), dtype=torch.float64)
     out = step.record(step.StepIndex(1, 1, 0, 0), scored, sums, UpdateStats(0, 0, 0, 0, 1, 0, 0, 1e-5), False, False,
-                      step.Timing(1.0, 0.0, 0.0, 1.0), tools=["search"], protocol=tags)
+                      step.Timing(1.0, 0.0, 0.0, 1.0), tools=["search"], protocol=TagProtocol(tags))
     assert out["malformed_tags"] == 0.5 and out["format_ok"] == 0.25  # answer_length is not a tag rule
     assert out["think_loop_rate"] == 0.25  # every rollout wrote reasoning; one loops
-    texts = [think_text(t, tags) for t in trajs]
+    texts = [TagProtocol(tags).think_text(t) for t in trajs]
     known = [x for x in map(repeated_ngram_share, texts) if x is not None]
     assert len(known) == 2 and out["think_repeat_rate"] == pytest.approx(sum(known) / 2)

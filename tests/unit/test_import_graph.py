@@ -12,11 +12,11 @@ resolved. Imports count wherever they sit: at module level, inside functions, an
   `tools.context`). A package's `__init__` importing a module inside that package is a
   re-export, not a dependency, so it never makes such a pair (a submodule importing its own
   package back at run time is still a cycle, caught above);
-- the top-level packages and modules (`searchrl.rollout`, `searchrl.tags`, ...) form no cycle
-  either, counting every import that runs: a module of one package that a module of another
-  imports back ties the two into one knot, whichever modules the imports name (a type only one
-  side's `TYPE_CHECKING` block names does not: it never runs);
-- the text format (`tags`, `protocol`), the rewards, every `eval` and every `data` module load
+- the top-level packages and modules (`searchrl.rollout`, `searchrl.protocols`, ...) form no
+  cycle either, counting every import, `TYPE_CHECKING` ones too: a module of one package that a
+  module of another imports back ties the two into one knot, whichever modules the imports name
+  (a type one package names from another is still a dependency on it);
+- the protocols (`searchrl.protocols`), the rewards, every `eval` and every `data` module load
   neither the rollout engine nor the trainer at module level: they work on `Trajectory` values,
   whoever produced them (an eval command that runs a model loads the engine when it runs it);
 - nothing under `searchrl.data` imports `searchrl.rollout`: the ground types know no job.
@@ -168,8 +168,8 @@ def _loaded_by(module: str, graph: dict[str, set[str]]) -> dict[str, list[str]]:
 
 def test_graph_covers_the_package():
     top, _ = _graphs()
-    assert {"searchrl", "searchrl.tags", "searchrl.protocol", "searchrl.eval.run"} <= set(top)
-    assert "searchrl.tags" in top["searchrl.prompts"]  # `from searchrl.tags import ...`
+    assert {"searchrl", "searchrl.protocols.tags", "searchrl.protocols.tagged", "searchrl.eval.run"} <= set(top)
+    assert "searchrl.protocols.tags" in top["searchrl.protocols.prompts"]  # `from searchrl.protocols.tags import ...`
     assert "searchrl.rollout.agent" in top["searchrl.rl.config"]
     assert "searchrl.eval.resume" in top["searchrl.eval.run"]  # `from searchrl.eval import resume as saved`
     typed = _graph("type_checking")
@@ -180,7 +180,7 @@ def test_graph_covers_the_package():
 def test_the_graph_reads_every_kind_of_import(monkeypatch):
     source = (
         "from typing import TYPE_CHECKING\n"
-        "import searchrl.tags\n"
+        "import searchrl.protocols.tags\n"
         "from searchrl.eval import resume\n"  # a submodule, named by `from package import`
         "from searchrl.eval import summary as s\n"
         "from . import compare\n"
@@ -195,7 +195,7 @@ def test_the_graph_reads_every_kind_of_import(monkeypatch):
     found = dict(_imports(ast.parse(source), "searchrl.eval.probe"))
     assert found == {
         "typing": "module",
-        "searchrl.tags": "module",
+        "searchrl.protocols.tags": "module",
         "searchrl.eval.resume": "module",
         "searchrl.eval.summary": "module",
         "searchrl.eval.compare": "module",
@@ -218,9 +218,9 @@ def test_no_function_level_import_closes_a_cycle():
 
 
 def test_packages_form_no_cycle():
-    _, every = _graphs()
+    every = _graph("module", "function", "type_checking")
     packages = _package_graph(every)
-    assert {"searchrl.rollout", "searchrl.select", "searchrl.eval", "searchrl.tags"} <= set(packages)
+    assert {"searchrl.rollout", "searchrl.select", "searchrl.eval", "searchrl.protocols"} <= set(packages)
     cycle = _cycle(packages)
     assert cycle is None, "package-level import cycle: " + " -> ".join(cycle) + "\n" + "\n".join(
         f"  {module} -> {target}" for a, b in itertools.pairwise(cycle) for module in sorted(every) if _package(module) == a
@@ -261,7 +261,7 @@ def test_data_imports_no_rollout():
 
 def test_text_format_rewards_eval_and_data_load_no_engine_or_trainer():
     top, _ = _graphs()
-    checked = ["searchrl.tags", "searchrl.protocol", "searchrl.format_rules", "searchrl.rewards"]
+    checked = ["searchrl.rewards", *(m for m in MODULES if m.startswith("searchrl.protocols"))]
     checked += [m for m in MODULES if m.startswith(("searchrl.eval.", "searchrl.data."))]
     leaks = [
         " -> ".join(chain)

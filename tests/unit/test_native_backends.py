@@ -2,7 +2,7 @@
 exactly the ids the trajectory records, for our fixture chat templates (tests/unit/data/
 chat_templates/) on the tiny-random model.
 
-The canned conversation of `selftest.transcript` (prompt, two call turns with their tool-result
+The canned conversation of `template_selftest.transcript` (prompt, two call turns with their tool-result
 blocks, an answer) is driven through `HFBackend` the way the rollout engine drives it: `start`
 the prompt, `generate` a policy turn, `append` the observation ids, `generate` again. A random
 model would not write the canned turns, so the model gets a logit bias towards the transcript's
@@ -30,15 +30,15 @@ from test_rollout import WordRetriever
 
 from searchrl.assets import load_model
 from searchrl.data.types import Question
-from searchrl.protocol import ProtocolConfig
+from searchrl.protocols.chat_template import NativeChat
+from searchrl.protocols.config import ProtocolConfig
+from searchrl.protocols.template_selftest import transcript
 from searchrl.rollout.agent import AgentConfig, build_protocol
 from searchrl.rollout.backend import SamplingParams
 from searchrl.rollout.config import RolloutConfig
 from searchrl.rollout.engine import RolloutEngine
 from searchrl.rollout.hf_backend import HFBackend
 from searchrl.rollout.scripted import ScriptedBackend
-from searchrl.toolformat import NativeChat
-from searchrl.toolformat.selftest import transcript
 from searchrl.tools import ToolContext, build_tools
 
 TEMPLATES = {"qwen25-style": QWEN25, "qwen3-style": QWEN3, "llama31-style": LLAMA31}

@@ -1,4 +1,4 @@
-"""Native tool calls (`searchrl.toolformat`): the call parsers, the observation ids and the traps
+"""Native tool calls (`searchrl.protocols`): the call parsers, the observation ids and the traps
 of chat templates, the prefix-preservation self-test, token exactness on the tiny-random
 tokenizer (SmolLM2's) with our fixture templates in tests/unit/data/chat_templates/."""
 
@@ -11,15 +11,9 @@ import pytest
 
 from searchrl.assets import load_tokenizer
 from searchrl.errors import SearchRLError
-from searchrl.toolformat import (
-    CALL_FORMATS,
-    NativeChat,
-    check_template,
-    detect_format,
-    load_chat_template,
-    shipped_templates,
-)
-from searchrl.toolformat.selftest import sampled_ids, transcript
+from searchrl.protocols.call_formats import CALL_FORMATS, detect_format
+from searchrl.protocols.chat_template import NativeChat, load_chat_template, shipped_templates
+from searchrl.protocols.template_selftest import check_template, sampled_ids, transcript
 from searchrl.tools.base import ToolCall
 
 FIXTURES = Path(__file__).parent / "data" / "chat_templates"
@@ -372,7 +366,7 @@ def test_self_test_refuses_a_template_that_drops_reasoning_with_no_think_tag_in_
 def test_self_test_checks_reasoning_whatever_the_source_and_without_it_unless_the_template_adds_it(
     tok, llama_tok, template, monkeypatch
 ):
-    from searchrl.toolformat import selftest
+    from searchrl.protocols import template_selftest as selftest
 
     chat = _chat(tok, llama_tok, template)
     seen = []

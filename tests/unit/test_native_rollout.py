@@ -13,8 +13,7 @@ from test_rollout import WordRetriever
 
 from searchrl.assets import load_tokenizer
 from searchrl.data.types import Question
-from searchrl.format_rules import check_format
-from searchrl.protocol import ProtocolConfig
+from searchrl.protocols.config import ProtocolConfig
 from searchrl.rewards import RewardConfig, compute_reward
 from searchrl.rollout.agent import AgentConfig, build_protocol
 from searchrl.rollout.config import RolloutConfig
@@ -107,7 +106,7 @@ def test_calls_run_batched_per_tool_and_results_follow_as_the_templates_tool_mes
     sampled = [i for i, m in zip(t.token_ids, t.loss_mask) if m]
     assert sampled == [i for s in SCRIPTS["q-two"] for i in tok.encode(s, add_special_tokens=False)]
     assert [s.text for s in t.segments if s.source == "policy"] == [s.removesuffix(END) for s in SCRIPTS["q-two"]]
-    verdict = check_format(t, engine.protocol)
+    verdict = engine.protocol.check_format(t)
     assert verdict.ok, verdict.failed
     assert compute_reward(t, ["Orrin Bay"], RewardConfig(stage=2), engine.protocol).total == 1.0
 
@@ -121,7 +120,7 @@ def test_malformed_unknown_and_badly_argued_calls_get_readable_errors_and_fail_t
     assert "bad JSON" in env[0] and "unknown tool 'weather'" in env[1] and "search, calculate" in env[1]
     assert "query" in env[2]
     assert t.stop_reason == "answer" and t.answer == "Tessaly"  # the <answer> block of the final message
-    verdict = check_format(t, engine.protocol)
+    verdict = engine.protocol.check_format(t)
     assert verdict.failed == ["calls"]
     assert compute_reward(t, ["Tessaly"], RewardConfig(stage=1), engine.protocol).terms == {
         "retrieve": -1.0, "format": -1.0, "answer": 0.0}
@@ -144,7 +143,7 @@ def test_a_call_cut_by_the_token_budget_is_never_executed(tok):
     trajs, engine, retriever = run(tok, ["q-cut"], max_new_tokens=12)
     t = trajs["q-cut"]
     assert t.stop_reason == "length" and retriever.calls == [] and t.tool_calls == []
-    assert check_format(t, engine.protocol).failed == ["answer"]
+    assert engine.protocol.check_format(t).failed == ["answer"]
 
 
 def test_results_that_do_not_fit_the_context_are_cut_and_counted(tok):

@@ -21,8 +21,8 @@ from searchrl.retrieval.querycache import RetrievalCounts
 from searchrl.rl import step
 from searchrl.rl.batch import make_batch
 from searchrl.rl.config import TrainConfig
-from searchrl.rollout.worker import RolloutWorker
 from searchrl.rollout.config import RolloutConfig
+from searchrl.rollout.worker import RolloutWorker
 
 # Rollouts of 8 response tokens; tokens 2-4 of each were inserted by the environment.
 ENV_MASK = [1, 1, 0, 0, 0, 1, 1, 1]

@@ -16,7 +16,8 @@ from test_rollout import PASSAGES, QUESTIONS, WordRetriever, assert_matches_reco
 
 from searchrl import metric_names as mn
 from searchrl.assets import load_model
-from searchrl.protocol import Protocol
+from searchrl.protocols.tagged import TagProtocol
+from searchrl.protocols.tags import SEARCH_R1_TAGS, format_documents
 from searchrl.retrieval.querycache import CachedRetriever
 from searchrl.rl.config import TrainConfig
 from searchrl.rollout.agent import Agent
@@ -28,7 +29,6 @@ from searchrl.rollout.weights import latest_published, named_weights, publish
 from searchrl.rollout.worker import RolloutWorker
 from searchrl.rollout.worker_process import PublishedFiles, load_version, newest_version
 from searchrl.runlog import read_metrics
-from searchrl.tags import SEARCH_R1_TAGS, format_documents
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,7 @@ def test_hf_load_weights_between_rounds_prefills_live_sequences_with_the_new_wei
 def _worker(model, tok, **cfg) -> RolloutWorker:
     retriever = CachedRetriever(WordRetriever())
     rollout = RolloutConfig(temperature=1.0, top_p=1.0, **cfg)
-    engine = RolloutEngine(HFBackend(model, tok), retriever, Protocol.named("search-r1"), rollout)
+    engine = RolloutEngine(HFBackend(model, tok), retriever, TagProtocol.named("search-r1"), rollout)
     return RolloutWorker(Agent(engine.protocol, engine.backend, retriever, engine), contextlib.nullcontext, version=-1)
 
 

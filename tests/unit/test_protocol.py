@@ -1,5 +1,5 @@
-"""Tag presets, documents blocks and parsers (searchrl.tags), prompt templates (searchrl.prompts)
-and the Protocol bundle (searchrl.protocol)."""
+"""Tag presets, documents blocks and parsers (searchrl.protocols.tags), prompt templates (searchrl.protocols.prompts)
+and the TagProtocol bundle (searchrl.protocols.tagged)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from hypothesis import strategies as st
 
 from searchrl.data.types import Passage
 from searchrl.errors import SearchRLError
-from searchrl.prompts import EXAMPLES, build_prompt, example_response, instruction_text
-from searchrl.protocol import Protocol, ProtocolConfig
-from searchrl.format_rules import check_segments
-from searchrl.tags import (
+from searchrl.protocols.config import ProtocolConfig
+from searchrl.protocols.format_rules import check_segments
+from searchrl.protocols.prompts import EXAMPLES, build_prompt, example_response, instruction_text
+from searchrl.protocols.tagged import TagProtocol
+from searchrl.protocols.tags import (
     R1SEARCHER_TAGS,
     SEARCH_R1_TAGS,
     TAG_PRESETS,
@@ -65,8 +66,8 @@ def test_completion_prompts_explain_every_tag_and_end_inside_think(preset, templ
     assert prompt.startswith(instruction_text(tags))
     other = SEARCH_R1_TAGS if tags is R1SEARCHER_TAGS else R1SEARCHER_TAGS
     assert other.query_open not in prompt  # no tag of the other preset leaks in
-    assert Protocol(tags, template).think_opened_in_prompt
-    assert Protocol(tags, template).turn_end == "\nUser:"
+    assert TagProtocol(tags, template).think_opened_in_prompt
+    assert TagProtocol(tags, template).turn_end == "\nUser:"
 
 
 def test_base_prompt_is_instruction_then_user_turn():
@@ -149,11 +150,11 @@ def test_template_files(tmp_path, chat_tokenizer):
         prompt
         == f'{instruction_text(SEARCH_R1_TAGS)}\nQ: {QUESTION}\nJSON stays: {{"a": 1}}\nA: <think>'
     )
-    assert Protocol(SEARCH_R1_TAGS, str(plain)).think_opened_in_prompt
+    assert TagProtocol(SEARCH_R1_TAGS, str(plain)).think_opened_in_prompt
 
     no_think = tmp_path / "nothink.txt"
     no_think.write_text("Use {query_open}...{query_close}.\nQuestion: {question}\n")
-    assert not Protocol(SEARCH_R1_TAGS, str(no_think)).think_opened_in_prompt
+    assert not TagProtocol(SEARCH_R1_TAGS, str(no_think)).think_opened_in_prompt
 
     chat = tmp_path / "chat.txt"
     chat.write_text("{instruction}\n---user---\nQuestion: {question}")
@@ -177,7 +178,7 @@ def test_template_files(tmp_path, chat_tokenizer):
 
 
 def test_protocol_config_validates_names():
-    assert Protocol.named("search-r1", "fewshot").tags is SEARCH_R1_TAGS
+    assert TagProtocol.named("search-r1", "fewshot").tags is SEARCH_R1_TAGS
     for field, value in (("tags", "bars"), ("template", "zero"), ("doc_style", "fancy")):
         with pytest.raises(Exception, match=value):
             ProtocolConfig(**{field: value})
@@ -311,10 +312,10 @@ def test_documents_blocks_round_trip_through_segments_from_text(parts, preset):
 def test_docstring_examples():
     import doctest
 
-    import searchrl.prompts
-    import searchrl.protocol
-    import searchrl.tags
+    import searchrl.protocols.prompts
+    import searchrl.protocols.tagged
+    import searchrl.protocols.tags
 
-    for module in (searchrl.tags, searchrl.prompts, searchrl.protocol):
+    for module in (searchrl.protocols.tags, searchrl.protocols.prompts, searchrl.protocols.tagged):
         result = doctest.testmod(module)
         assert result.attempted >= 1 and result.failed == 0, module.__name__

@@ -9,11 +9,11 @@ import pytest
 
 from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.data.types import Question
+from searchrl.protocols.tags import SEARCH_R1_TAGS
 from searchrl.rewards import RewardConfig
 from searchrl.rl import step
 from searchrl.rl.config import StageConfig, TrainConfig
 from searchrl.rl.step import StepIndex, collect_with_signal
-from searchrl.tags import SEARCH_R1_TAGS
 
 
 def test_doctests():

@@ -18,10 +18,10 @@ from searchrl.data.types import Passage, Question
 from searchrl.errors import DataWarning, SearchRLError
 from searchrl.eval import resume as saved
 from searchrl.eval.report import ReportConfig, run_report
-from searchrl.protocol import ProtocolConfig
+from searchrl.protocols.config import ProtocolConfig
+from searchrl.protocols.tags import SEARCH_R1_TAGS as TAGS
 from searchrl.retrieval.index import build_index
 from searchrl.rollout.scripted import ScriptedBackend
-from searchrl.tags import SEARCH_R1_TAGS as TAGS
 
 PASSAGES = [
     Passage("p1", "Quellbridge", "Quellbridge is a market town on the river Tessaly."),

@@ -15,12 +15,13 @@ import yaml
 from searchrl.config import dump_config, load_config
 from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.errors import SearchRLError
-from searchrl.format_rules import check_format, policy_view
 from searchrl.metrics import ANSWER_METRICS
+from searchrl.protocols.format_rules import policy_view
+from searchrl.protocols.tagged import TagProtocol
+from searchrl.protocols.tags import R1SEARCHER_TAGS, extract_answer
 from searchrl.reward_terms import REWARD_TERMS, RewardInput
 from searchrl.rewards import RewardConfig, compute_reward
 from searchrl.rl.config import TrainConfig
-from searchrl.tags import R1SEARCHER_TAGS, extract_answer
 
 T = R1SEARCHER_TAGS
 QO, QC, DO, DC = T.query_open, T.query_close, T.docs_open, T.docs_close
@@ -58,7 +59,7 @@ TRAJS = {
 def old_compute_reward(t: Trajectory, golds, cfg: RewardConfig, tags=T) -> tuple[float, float, float, float]:
     """(total, retrieve, format, answer) by the fixed formula rewards.py had before reward terms
     (`stage_reward`), copied verbatim: the reference the presets must reproduce bit for bit."""
-    verdict = check_format(t, tags, max_answer_words=cfg.max_answer_words, require_think=cfg.require_think)
+    verdict = TagProtocol(tags).check_format(t, max_answer_words=cfg.max_answer_words, require_think=cfg.require_think)
     prediction = t.answer if t.answer is not None else extract_answer(policy_view(t.segments, tags), tags)
     answer_score = ANSWER_METRICS.get(cfg.answer_metric)(prediction, golds)
     format_ok, n_searches = verdict.ok, t.n_searches

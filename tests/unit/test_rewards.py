@@ -14,9 +14,10 @@ from pydantic import ValidationError
 
 from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.errors import SearchRLError
-from searchrl.format_rules import FORMAT_RULES, check_format, check_segments
+from searchrl.protocols.format_rules import FORMAT_RULES, check_segments
+from searchrl.protocols.tagged import TagProtocol
+from searchrl.protocols.tags import R1SEARCHER_TAGS, SEARCH_R1_TAGS, TagSet
 from searchrl.rewards import REWARD_STAGES, RewardConfig, compute_reward
-from searchrl.tags import R1SEARCHER_TAGS, SEARCH_R1_TAGS, TagSet
 
 T = R1SEARCHER_TAGS
 QO, QC, DO, DC = T.query_open, T.query_close, T.docs_open, T.docs_close
@@ -56,7 +57,7 @@ def failed(segments, **kw) -> list[str]:
 
 
 def test_well_formed_trajectories_pass():
-    assert check_format(traj(GOOD), T).ok
+    assert TagProtocol(T).check_format(traj(GOOD)).ok
     assert failed([P(" no search needed</think><answer>yes</answer>")]) == []
     assert failed([P("<think> a</think>\n<answer>b</answer>")], think_opened_in_prompt=False) == []
     sr = SEARCH_R1_TAGS
@@ -425,10 +426,10 @@ def test_adversarial_outputs_never_crash_and_verdicts_are_consistent(
 def test_docstring_examples():
     import doctest
 
-    import searchrl.format_rules
+    import searchrl.protocols.format_rules
     import searchrl.rewards
 
-    for module, least in ((searchrl.rewards, 4), (searchrl.format_rules, 3)):
+    for module, least in ((searchrl.rewards, 4), (searchrl.protocols.format_rules, 3)):
         result = doctest.testmod(module)
         assert result.attempted >= least and result.failed == 0, module.__name__
 

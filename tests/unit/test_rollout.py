@@ -12,7 +12,8 @@ import torch
 from searchrl.assets import load_model, load_tokenizer
 from searchrl.data.types import Passage, Question
 from searchrl.errors import SearchRLError
-from searchrl.protocol import Protocol
+from searchrl.protocols.tagged import TagProtocol
+from searchrl.protocols.tags import SEARCH_R1_TAGS, format_documents
 from searchrl.retrieval.base import Retriever
 from searchrl.rollout import kv_groups
 from searchrl.rollout.backend import BACKENDS, SamplingParams
@@ -20,7 +21,6 @@ from searchrl.rollout.config import RolloutConfig
 from searchrl.rollout.engine import RolloutEngine
 from searchrl.rollout.hf_backend import HFBackend, plan_buckets, sample_tokens
 from searchrl.rollout.scripted import ScriptedBackend
-from searchrl.tags import SEARCH_R1_TAGS, format_documents
 
 PASSAGES = [
     Passage("p1", "Quellbridge", "Quellbridge is a market town on the river Tessaly."),
@@ -84,7 +84,7 @@ def prompts_for(questions):
 def run_scripted(tokenizer, policy=scripted_policy, questions=QUESTIONS, n=2, **cfg):
     backend = ScriptedBackend(tokenizer, policy)
     retriever = WordRetriever()
-    engine = RolloutEngine(backend, retriever, Protocol.named("search-r1"), RolloutConfig(**cfg))
+    engine = RolloutEngine(backend, retriever, TagProtocol.named("search-r1"), RolloutConfig(**cfg))
     trajs = engine.run(questions, prompts_for(questions), n=n)
     return trajs, backend, retriever
 
@@ -186,7 +186,7 @@ def test_engine_stops_where_a_completion_prompt_would_start_the_next_user_turn(t
     invent = lambda _: " I am not sure.\n\nUser: What is the capital of France?\nAssistant: Paris"
     backend, retriever = ScriptedBackend(tokenizer, invent), WordRetriever()
     for template, reason in (("fewshot", "turn_end"), ("chat", "length")):
-        protocol = Protocol.named("search-r1", template)
+        protocol = TagProtocol.named("search-r1", template)
         engine = RolloutEngine(backend, retriever, protocol, RolloutConfig(max_new_tokens=40))
         (t,) = engine.run(QUESTIONS[:1], ["User: q\nAssistant: <think>"], n=1)
         assert t.stop_reason == reason
@@ -217,7 +217,7 @@ def test_engine_default_prompts_and_batching(tokenizer):
 
     questions = [Question("a", "Did Apollo land?", ("yes",)), Question("b", "Is it blue?", ("no",))]
     backend = ScriptedBackend(tokenizer, policy)
-    engine = RolloutEngine(backend, WordRetriever(), Protocol.named("search-r1", "base"),
+    engine = RolloutEngine(backend, WordRetriever(), TagProtocol.named("search-r1", "base"),
                            RolloutConfig(batch_size=3))
     trajs = engine.run(questions, n=2)
     assert [t.answer for t in trajs] == ["yes", "yes", "no", "no"]
@@ -472,7 +472,7 @@ def test_backend_registry_and_engine_on_hf(tiny):
     model, tok = tiny
     assert "hf" in BACKENDS and BACKENDS.get("hf") is HFBackend
     be = HFBackend(model, tok)
-    engine = RolloutEngine(be, WordRetriever(), Protocol.named("search-r1"), RolloutConfig(max_new_tokens=6, seed=1))
+    engine = RolloutEngine(be, WordRetriever(), TagProtocol.named("search-r1"), RolloutConfig(max_new_tokens=6, seed=1))
     trajs = engine.run(QUESTIONS[:2], prompts_for(QUESTIONS[:2]), n=2)
     for t in trajs:
         assert len(t.token_ids) == len(t.loss_mask) == len(t.logprobs) <= 6

@@ -16,7 +16,7 @@ from searchrl.errors import SearchRLError
 from searchrl.eval import second_hop
 from searchrl.eval.second_hop import HopRanks, ceiling_rows, hop_ranks, next_step, next_step_rows
 from searchrl.eval.second_hop_probe import probe
-from searchrl.protocol import ProtocolConfig
+from searchrl.protocols.config import ProtocolConfig
 from searchrl.retrieval import open_retriever
 from searchrl.rollout.agent import AgentConfig, build_agent
 from searchrl.rollout.config import RolloutConfig

@@ -18,7 +18,9 @@ from searchrl.cli import app
 from searchrl.config import load_config
 from searchrl.data.types import Passage, Question
 from searchrl.errors import SearchRLError
-from searchrl.protocol import Protocol, ProtocolConfig
+from searchrl.protocols.config import ProtocolConfig
+from searchrl.protocols.tagged import TagProtocol
+from searchrl.protocols.template_selftest import sampled_ids
 from searchrl.retrieval import RetrievalConfig, open_retriever
 from searchrl.retrieval.index import build_index
 from searchrl.rewards import RewardConfig, compute_reward
@@ -36,9 +38,8 @@ from searchrl.rollout.gold import evidence_sentence, gold_paths, gold_trajectori
 from searchrl.rollout.run_search import RunSearch
 from searchrl.rollout.scripted import ScriptedBackend
 from searchrl.runlog import read_metrics
-from searchrl.tags import format_passages
-from searchrl.toolformat.selftest import sampled_ids
 from searchrl.tools import ToolContext, build_tools
+from searchrl.tools.passages import format_passages
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 TOWNS = ["Quellbridge", "Marrowind", "Velmar", "Harbel"]
@@ -201,19 +202,19 @@ def test_gold_path_with_evidence_quotes_the_sentence_that_names_the_next_step(go
     b1, c0 = gold_paths(
         [q for q in _questions(gold_world) if q.id in ("b1", "c0")], retriever, 1, 2, evidence=True
     )
-    tags = Protocol.named("search-r1", "oneshot").tags
-    assert b1.texts(tags, think_opened=False)[1:] == [
+    protocol = TagProtocol.named("search-r1", "oneshot")
+    assert protocol.script_texts(b1.script())[1:] == [
         "Marrowind is a market town on the river Orrin. Next I search for Orrin hills.\n\n<search>Orrin hills</search>",
         "The Orrin rises in the Ulmo hills. So the answer is Ulmo.</think>\n\n<answer>Ulmo</answer>",
     ]
-    assert c0.texts(tags, think_opened=False)[1:] == [
+    assert protocol.script_texts(c0.script())[1:] == [
         "Next I search for Marrowind.\n\n<search>Marrowind</search>",
         "So the answer is Quellbridge.</think>\n\n<answer>Quellbridge</answer>",
     ]
     plain = gold_paths([b1.question], retriever, 1, 2)[0]
-    assert plain.texts(tags, False)[1] == "Next I search for Orrin hills.\n\n<search>Orrin hills</search>"
+    assert protocol.script_texts(plain.script())[1] == "Next I search for Orrin hills.\n\n<search>Orrin hills</search>"
     # Tool calls: the same sentence leads the assistant turn that makes the next call.
-    calls = [m for m in b1.messages(_native_engine(load_tokenizer("tiny-random"), retriever).protocol)
+    calls = [m for m in _native_engine(load_tokenizer("tiny-random"), retriever).protocol.chat_messages(b1.question.question, b1.script())
              if m["role"] == "assistant" and m.get("tool_calls")]
     assert [m["content"] for m in calls[-2:]] == [  # after the prompt's worked example
         "First I search for Marrowind.",
@@ -234,18 +235,18 @@ def test_gold_path_states_the_questions_own_evidence_where_it_lists_one_a_hop(go
     by_id = {q.id: q for q in _questions(gold_world)}
     c0 = replace(by_id["c0"], evidence=("The founding year of Quellbridge is 1600.", "The founding year of Marrowind is 1650."))
     b1 = replace(by_id["b1"], evidence=("The river of Marrowind is Orrin.",))  # one for two hops
-    tags = Protocol.named("search-r1", "oneshot").tags
+    protocol = TagProtocol.named("search-r1", "oneshot")
     comparison, bridge = gold_paths([c0, b1], retriever, 1, 2, evidence=True)
-    assert comparison.texts(tags, think_opened=True)[1:] == [
+    assert protocol.script_texts(comparison.script())[1:] == [
         "The founding year of Quellbridge is 1600. Next I search for Marrowind.\n\n<search>Marrowind</search>",
         "The founding year of Marrowind is 1650. So the answer is Quellbridge.</think>\n\n<answer>Quellbridge</answer>",
     ]
-    assert bridge.texts(tags, think_opened=True)[1] == (
+    assert protocol.script_texts(bridge.script())[1] == (
         "Marrowind is a market town on the river Orrin. Next I search for Orrin hills.\n\n<search>Orrin hills</search>"
     )
     # Without evidence: off whatever the question lists.
     plain = gold_paths([c0], retriever, 1, 2)[0]
-    assert plain.texts(tags, True)[2] == "So the answer is Quellbridge.</think>\n\n<answer>Quellbridge</answer>"
+    assert protocol.script_texts(plain.script())[2] == "So the answer is Quellbridge.</think>\n\n<answer>Quellbridge</answer>"
 
 
 def test_drop_shortcuts_leaves_out_questions_whose_first_passage_names_the_answer(gold_world, tmp_path):
@@ -280,7 +281,7 @@ def test_gold_trajectory_is_token_for_token_the_engine_rollout_of_the_same_text(
     """A scripted policy that writes the gold text, run through the real engine and index, records
     exactly the gold trajectory; its loss mask is 0 exactly on the documents blocks."""
     tokenizer = load_tokenizer("tiny-random")
-    protocol = Protocol.named(tags, template)
+    protocol = TagProtocol.named(tags, template)
     retriever = open_retriever(str(gold_world / "index"))
     cfg = RolloutConfig(k=1, max_searches=2, max_new_tokens=200)
     questions = [q for q in _questions(gold_world) if q.id in ("b1", "c0")]
@@ -291,7 +292,7 @@ def test_gold_trajectory_is_token_for_token_the_engine_rollout_of_the_same_text(
     gold = gold_trajectories(gold_engine, paths)
 
     for path, g in zip(paths, gold):
-        texts = path.texts(protocol.tags, protocol.think_opened_in_prompt)
+        texts = protocol.script_texts(path.script())
         prompt_text = tokenizer.decode(g.prompt_ids)
 
         def write(text: str, texts=texts, prompt_text=prompt_text) -> str:
@@ -395,7 +396,7 @@ def test_gold_path_as_tool_calls_is_the_templates_rendering_turn_by_turn(gold_wo
     paths = gold_paths(questions, retriever, 1, 2)
     gold = gold_trajectories(engine, paths)
     for path, g in zip(paths, gold):
-        messages = path.messages(protocol, lambda ps: format_passages(ps, "title-lines"))
+        messages = protocol.chat_messages(path.question.question, path.script(lambda ps: format_passages(ps, "title-lines")))
         head = protocol.messages(path.question.question)
         (q1, d1), (q2, d2) = path.searches
         assert messages[: len(head)] == head and head[0]["role"] == "system" and len(head) > 2  # an example
@@ -492,7 +493,7 @@ def test_sft_update_minimises_the_nll_of_policy_tokens_across_micro_batches(gold
         engine = RolloutEngine(
             ScriptedBackend(actor.tokenizer, lambda text: ""),
             retriever,
-            Protocol.from_config(cfg.protocol),
+            TagProtocol.from_config(cfg.protocol),
             cfg.rollout,
         )
         # A bridge and a comparison: prompts of different lengths.
@@ -522,7 +523,7 @@ def test_sft_micro_batches_take_rows_by_length(gold_world, monkeypatch):
     examples = RunSearch(retriever).gold_examples(_questions(gold_world), cfg.rollout, "stage1")
     actor = Actor.load(cfg)
     actor.start_stage(None)
-    engine = RolloutEngine(ScriptedBackend(actor.tokenizer, lambda text: ""), retriever, Protocol.from_config(cfg.protocol), cfg.rollout)
+    engine = RolloutEngine(ScriptedBackend(actor.tokenizer, lambda text: ""), retriever, TagProtocol.from_config(cfg.protocol), cfg.rollout)
     trajs = gold_trajectories(engine, examples)
     batch = make_batch(trajs, [0.0] * len(trajs), list(range(len(trajs))), actor.pad_id, actor.device)
     passes: list[list[int]] = []

@@ -198,9 +198,10 @@ def test_search_makes_one_batched_call_in_order_with_the_runs_k():
 
 
 def test_search_formats_with_the_protocols_function_and_raises_outages():
-    from searchrl.tags import R1SEARCHER_TAGS, format_passages
+    from searchrl.protocols.tags import R1SEARCHER_TAGS
+    from searchrl.tools.passages import format_passages
 
-    ctx = ToolContext(Recording(), k=1, format_passages=lambda ps: format_passages(ps, "title-lines", R1SEARCHER_TAGS))
+    ctx = ToolContext(Recording(), k=1, format_passages=lambda ps: format_passages(ps, "title-lines", R1SEARCHER_TAGS.all_tags()))
     (obs,) = build_tools(["search"], ctx)["search"].call([{"query": "river"}])
     assert obs.text == "(1) Title: River\nAbout river  ."
     assert build_tools(["search"], ToolContext(Recording(), k=1))["search"].call([{"query": ""}])[0].ok is False

@@ -17,17 +17,17 @@ from searchrl.config import load_config
 from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.data.types import Question
 from searchrl.errors import SearchRLError
-from searchrl.protocol import Protocol
+from searchrl.protocols.format_rules import FORMAT_RULES
+from searchrl.protocols.tagged import TagProtocol
 from searchrl.retrieval.querycache import RetrievalCounts
-from searchrl.format_rules import FORMAT_RULES
 from searchrl.rl import actor as actor_module
 from searchrl.rl import logprobs, preflight, step, trainer
 from searchrl.rl.actor import Actor
 from searchrl.rl.checkpoint import complete_checkpoints, latest_checkpoint
 from searchrl.rl.config import TrainConfig
 from searchrl.rl.policy import load_policy
-from searchrl.rollout.worker import RolloutWorker
 from searchrl.rl.sampler import PromptSampler
+from searchrl.rollout.worker import RolloutWorker
 from searchrl.runlog import read_metrics
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -137,7 +137,7 @@ def _step(actor: Actor, trajs: list[Trajectory], questions: list[Question]):
         def __init__(self):
             pass
 
-        protocol = Protocol.from_config(cfg.protocol)
+        protocol = TagProtocol.from_config(cfg.protocol)
         tools = ["search"]
 
         def collect(self, questions, n, seed, progress=False):
@@ -393,9 +393,9 @@ def test_a_config_extends_another_and_overrides_only_what_it_sets(tmp_path):
 def test_steps_log_retrieval_time_and_the_query_cache_hit_rate(world, tmp_path, monkeypatch):
     """Two steps on one question, two samples each, both searching the same query: step 1 searches
     it once for both (hit rate 1/2), step 2 finds it in the in-process cache (1)."""
+    from searchrl.protocols.tags import SEARCH_R1_TAGS
     from searchrl.rollout import worker as rollout_worker
     from searchrl.rollout.scripted import ScriptedBackend
-    from searchrl.tags import SEARCH_R1_TAGS
 
     real_create = rollout_worker.RolloutWorker.create
 

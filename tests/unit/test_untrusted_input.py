@@ -20,10 +20,10 @@ from searchrl.assets import load_tokenizer
 from searchrl.errors import EXIT_USAGE, SearchRLError
 from searchrl.eval.run import EvalConfig, run_eval
 from searchrl.outbound import OutboundRefused, check_public_url, split_url
+from searchrl.protocols.tags import SEARCH_R1_TAGS
 from searchrl.retrieval import RetrievalConfig
 from searchrl.retrieval.web.providers import PROVIDERS, Hit
 from searchrl.rollout.scripted import ScriptedBackend
-from searchrl.tags import SEARCH_R1_TAGS
 from searchrl.tools import ToolContext, build_tools
 
 BAD_URLS = ["http://[::1:P/x", "http://a\uff03b/", "http://localhost:99999/", "http://x:-1/", "https://[", "http://",

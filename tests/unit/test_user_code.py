@@ -16,8 +16,8 @@ from searchrl import chat_render, cli
 from searchrl.assets import load_tokenizer
 from searchrl.deadline import DeadlineExceeded, within
 from searchrl.errors import EXIT_USAGE, SearchRLError
-from searchrl.prompts import apply_chat
-from searchrl.toolformat import NativeChat
+from searchrl.protocols.chat_template import NativeChat
+from searchrl.protocols.prompts import apply_chat
 from searchrl.tools.base import Observation, Tool, ToolCall
 from searchrl.tools.batch import run_calls
 

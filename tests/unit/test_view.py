@@ -17,8 +17,8 @@ from searchrl.cli import app
 from searchrl.data.trajectory import Segment, Trajectory
 from searchrl.errors import DataError, DataWarning, SearchRLError
 from searchrl.eval.view import ENV_LABEL, load_items, tool_results, write_view
-from searchrl.prompts import build_prompt
-from searchrl.tags import get_tags
+from searchrl.protocols.prompts import build_prompt
+from searchrl.protocols.tags import get_tags
 
 DOCS = (
     "\n\n<|begin_of_documents|>\n(1)Title: Quellbridge Text: A town on the Tessaly & <Vell>.\n"

@@ -18,11 +18,11 @@ from searchrl.assets import load_tokenizer
 from searchrl.cli import app
 from searchrl.errors import DataWarning, SearchRLError
 from searchrl.eval.run import EvalConfig, run_eval
+from searchrl.protocols.tags import SEARCH_R1_TAGS
 from searchrl.retrieval import RetrievalConfig
 from searchrl.retrieval.web.record import WebRecord
 from searchrl.retrieval.web.replay import MISSING_ID
 from searchrl.rollout.scripted import ScriptedBackend
-from searchrl.tags import SEARCH_R1_TAGS
 from searchrl.tools import ToolContext, build_tools
 
 runner = CliRunner()

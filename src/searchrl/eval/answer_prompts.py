@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from searchrl.data.types import Passage
-from searchrl.prompts import CHAT_SPLIT, apply_chat, resolve_template, template_turn_end
-from searchrl.protocol import Protocol
-from searchrl.tags import TagSet
+from searchrl.protocols.prompts import CHAT_SPLIT, apply_chat, resolve_template, template_turn_end
+from searchrl.protocols.tagged import TagProtocol
+from searchrl.protocols.tags import TagSet
 
 INSTRUCTION = (
     "Answer the question{source}. Give only the final answer, in a few words, between "
@@ -107,7 +107,7 @@ def answer_prompt(
     """The rag (`passages` given) or direct (None) prompt: instruction, worked examples, question;
     it ends with the opening answer tag. `template` (the agent's) picks chat or completion form.
 
-    >>> from searchrl.tags import SEARCH_R1_TAGS
+    >>> from searchrl.protocols.tags import SEARCH_R1_TAGS
     >>> print(answer_prompt("Who built Quellbridge?", None, SEARCH_R1_TAGS, "base"))
     Answer the question. Give only the final answer, in a few words, between <answer> and </answer>.
     <BLANKLINE>
@@ -140,11 +140,11 @@ def answer_prompt(
     return instruction + "\n\n" + "\n\n".join(turns)
 
 
-def answer_protocol(protocol: Protocol) -> Protocol:
+def answer_protocol(protocol: TagProtocol) -> TagProtocol:
     """What rag/direct generation runs under: the run's tags, and the stop strings of the answer
     prompt's form — for a completion prompt the closing answer tag and the `User:` turn end, even
     when the agent's template is a file (whose own turns are the user's business)."""
-    return Protocol(
+    return TagProtocol(
         protocol.tags, "chat" if is_chat_template(protocol.template) else "base", protocol.doc_style
     )
 
@@ -155,7 +155,7 @@ def closed_response(response: str, stop_reason: str, tags: TagSet) -> str:
     tag; everything else is left as written and fails the check unless the tag is there: an empty
     turn, a second line (a made-up explanation), a line the budget cut.
 
-    >>> from searchrl.tags import SEARCH_R1_TAGS as T
+    >>> from searchrl.protocols.tags import SEARCH_R1_TAGS as T
     >>> closed_response("Velmar\\n\\nUser:", "turn_end", T), closed_response("Velmar", "eos", T)
     ('Velmar</answer>', 'Velmar</answer>')
     >>> closed_response("Velmar\\nborn 1921\\n\\nUser:", "turn_end", T), closed_response("Velmar", "length", T)

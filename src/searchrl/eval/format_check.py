@@ -15,8 +15,8 @@ from pathlib import Path
 from searchrl.data.textio import iter_json_lines
 from searchrl.data.trajectory import Segment
 from searchrl.errors import DataError
-from searchrl.format_rules import FORMAT_RULES, check_segments
-from searchrl.tags import TagSet, get_tags, segments_from_text
+from searchrl.protocols.format_rules import FORMAT_RULES, check_segments
+from searchrl.protocols.tags import TagSet, get_tags, segments_from_text
 
 
 def record_segments(rec: dict, tags: TagSet, where: str = "record") -> list[Segment]:

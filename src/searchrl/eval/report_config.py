@@ -14,7 +14,7 @@ from searchrl.config import StrictModel
 from searchrl.eval.config import EvalConfig
 from searchrl.judge import JudgeConfig
 from searchrl.profiles import apply_profile
-from searchrl.protocol import ProtocolConfig
+from searchrl.protocols.config import ProtocolConfig
 from searchrl.rollout.agent import AgentConfig, AgentDefaults, agent_field, check_tools_of_format
 from searchrl.rollout.config import RolloutConfig
 

@@ -59,7 +59,9 @@ from searchrl.eval.multihop import HEADER, right_aligned, type_rows
 from searchrl.eval.spending import Spending, judge_records
 from searchrl.eval.summary import METRICS_HEADER, metrics_markdown, metrics_rows, summarize
 from searchrl.profiles import announce
-from searchrl.protocol import Protocol
+from searchrl.protocols.base import Protocol
+from searchrl.protocols.tagged import TagProtocol
+from searchrl.protocols.tags import get_tags
 from searchrl.retrieval.base import Retriever
 from searchrl.retrieval.web.record import RECORD_DIR
 from searchrl.rollout.agent import Agent, build_agent
@@ -67,8 +69,6 @@ from searchrl.runinfo import recorded_run, retrieval_record
 from searchrl.runkind import claim
 from searchrl.runlock import RunLock
 from searchrl.tables import Column, print_table
-from searchrl.tags import get_tags
-from searchrl.toolformat.protocol import NativeProtocol
 
 # ----------------------------------------------------------------------------------------------
 # Retrievers
@@ -88,7 +88,7 @@ class NoRetriever(Retriever):
 def predict(traj: Trajectory, method: str, protocol: Protocol) -> str | None:
     """The prediction of one trajectory (module docstring: an agent's answer the budget cut is its
     first line; rag/direct fall back to the first line)."""
-    from searchrl.format_rules import final_answer
+    from searchrl.protocols.format_rules import final_answer
 
     if method == "agent":
         return final_answer(traj, protocol, cut_short=True)
@@ -98,10 +98,10 @@ def predict(traj: Trajectory, method: str, protocol: Protocol) -> str | None:
 def format_verdict(traj: Trajectory, method: str, protocol: Protocol, require_think: bool = True):
     """The rewards' format check; rag/direct as if an empty think block preceded the answer, and
     with a one-line answer the model ended its turn after taken as closed (`closed_response`)."""
-    from searchrl.format_rules import check_format, check_segments
+    from searchrl.protocols.format_rules import check_segments
 
     if method == "agent":
-        return check_format(traj, protocol, require_think=require_think)
+        return protocol.check_format(traj, require_think=require_think)
     tags = protocol.tags
     response = closed_response("".join(s.text for s in traj.segments), traj.stop_reason, tags)  # all policy text
     segments = [Segment(tags.think_close + tags.answer_open + response, "policy")]
@@ -140,16 +140,16 @@ def generate(cfg: EvalConfig, questions: Sequence[Question], agent: Agent) -> li
     return trajs
 
 
-def scoring_protocol(cfg: EvalConfig, agent: Agent) -> Protocol | NativeProtocol:
+def scoring_protocol(cfg: EvalConfig, agent: Agent) -> Protocol:
     """The protocol answers are read and checked by: the agent's; for rag/direct under a
     tool-call config, its tags in chat form (the answer prompts are tag prompts)."""
-    if cfg.method == "agent" or isinstance(agent.protocol, Protocol):
+    if cfg.method == "agent" or cfg.protocol.format == TagProtocol.format:
         return agent.protocol
-    return Protocol(get_tags(cfg.protocol.tags), "chat", cfg.protocol.doc_style)
+    return TagProtocol(get_tags(cfg.protocol.tags), "chat", cfg.protocol.doc_style)
 
 
 def records(cfg: EvalConfig, questions: Sequence[Question], trajs: Sequence[Trajectory],
-            protocol: Protocol | NativeProtocol) -> list[dict]:
+            protocol: Protocol) -> list[dict]:
     """One predictions.jsonl record per trajectory: the trajectory plus gold, prediction, scores."""
     from searchrl.metrics import answer_scores
 

@@ -40,8 +40,8 @@ from searchrl.eval.second_hop import (
     next_step,
     next_step_rows,
 )
-from searchrl.format_rules import final_answer
-from searchrl.protocol import Protocol
+from searchrl.protocols.format_rules import final_answer
+from searchrl.protocols.tagged import TagProtocol
 from searchrl.rollout.agent import Agent, build_agent
 from searchrl.rollout.config import RolloutConfig
 from searchrl.runkind import claim
@@ -67,7 +67,7 @@ def probe(agent: Agent, rollout: RolloutConfig, questions: Sequence[Question], h
     kept = [(q, p) for q, p in zip(questions, paths) if p is not None]
     nexts = {q.supporting_ids[hops] for q, _ in kept if len(q.supporting_ids) > hops}
     titles = {pid: p.title for pid, p in support_passages(agent.retriever, nexts).items()}
-    turns = [path.texts(protocol.tags, protocol.think_opened_in_prompt)[:hops] for _, path in kept]
+    turns = [protocol.script_texts(path.script())[:hops] for _, path in kept]
     written = max((sum(len(backend.encode(t)) for t in texts) for texts in turns), default=0)
     if rollout.max_new_tokens - written < MIN_LEFT:  # the model needs room for a query or an answer
         raise SearchRLError(f"the written turns take up to {written} policy tokens of rollout.max_new_tokens="
@@ -81,8 +81,8 @@ def probe(agent: Agent, rollout: RolloutConfig, questions: Sequence[Question], h
         prompt = protocol.prompt(data(q.question), backend.tokenizer)
         ids, docs = backend.encode(prompt, prompt=True), []
         for text, (_, passages) in zip(texts, path.searches):
-            doc_ids, block = engine.documents(passages)
-            prompt += text + engine.marked_documents(passages)
+            doc_ids, block = protocol.documents(passages, backend)
+            prompt += text + protocol.marked_documents(passages)
             ids += backend.encode(text) + doc_ids
             docs.append(block)
         prompts.append(prompt)
@@ -136,7 +136,7 @@ def second_hop_command(config: str | None, overrides: Sequence[str], flags: dict
         if run_probe:
             agent = build_agent(cfg, retriever=retriever)
             try:
-                if not isinstance(agent.protocol, Protocol):
+                if cfg.protocol.format != TagProtocol.format:
                     raise SearchRLError("eval second-hop writes the first search as text: use a tag protocol (protocol.format: tags)")
                 records, left_out = probe(agent, cfg.rollout, chosen, hops)
             finally:

@@ -10,7 +10,7 @@ is built here, so a trajectory that writes `<script>` shows it and never runs it
 
 Tool-call trajectories (`protocol.format: tool-calls`: an environment block that is no documents
 block, or a policy turn with a `<tool_call>`) are shown turn by turn: each turn as its call format
-reads it (`searchrl.toolformat`: reasoning, text, each call's tool and pretty arguments, malformed
+reads it (`searchrl.protocols`: reasoning, text, each call's tool and pretty arguments, malformed
 calls with their reason and the turn as written), each call marked from the record's
 `tool_calls` (invalid, failed, or not run), each result block as the tools' results without the
 chat template's role headers and special tokens, and the calls counted per tool. Control
@@ -45,8 +45,8 @@ from searchrl.eval.view_run import (
     run_config,
 )
 from searchrl.metrics import answer_scores
-from searchrl.tags import TAG_PRESETS, get_tags, segments_from_text
-from searchrl.toolformat.parse import CALL_FORMATS, Turn
+from searchrl.protocols.call_formats import CALL_FORMATS, Turn
+from searchrl.protocols.tags import TAG_PRESETS, get_tags, segments_from_text
 from searchrl.tools.batch import INVALID
 
 ENV_LABEL = "inserted by the environment (not trained on)"

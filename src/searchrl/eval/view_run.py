@@ -59,8 +59,8 @@ def page_title(predictions: Path, metrics: dict | None) -> str:
 
 def prompt_builder(predictions: Path) -> Callable[[str], str] | None:
     """question -> the prompt the run gave its model, for tag-protocol runs with a readable config."""
-    from searchrl.prompts import build_prompt
-    from searchrl.tags import get_tags
+    from searchrl.protocols.prompts import build_prompt
+    from searchrl.protocols.tags import get_tags
 
     protocol = (run_config(predictions) or {}).get("protocol")
     if not isinstance(protocol, dict) or protocol.get("format", "tags") != "tags":

@@ -29,12 +29,11 @@ from searchrl import metric_names as mn
 from searchrl.data.trajectory import Trajectory
 from searchrl.data.types import Question
 from searchrl.errors import SearchRLError
-from searchrl.protocol import Protocol
+from searchrl.protocols.base import Protocol
 from searchrl.rl.actor import Actor
 from searchrl.rollout.async_worker import AsyncRollouts, Order
 from searchrl.rollout.run_search import RetrievalCounts
 from searchrl.rollout.weights import named_weights
-from searchrl.toolformat.protocol import NativeProtocol
 
 AHEAD_FILE = "rollouts_ahead.json"
 
@@ -74,7 +73,7 @@ class AsyncRanks:
     """The step's rollout source in async mode, on every rank (module docstring); it offers the
     calls of the synchronous `RolloutWorker`. Every rank must make each call at the same point."""
 
-    def __init__(self, actor: Actor, protocol: Protocol | NativeProtocol, checkpoint: Path | None = None) -> None:
+    def __init__(self, actor: Actor, protocol: Protocol, checkpoint: Path | None = None) -> None:
         """`checkpoint`: the one a resumed run starts from (its batches generated ahead are used)."""
         self.dist, self.protocol, self.version = actor.dist, protocol, actor.version
         self._source: AsyncRollouts | None = None

@@ -1,7 +1,7 @@
 """Per-rollout inputs of the health monitors, which `rl.step.record` turns into step metrics:
 hedged answers (`echo_rate`), groups without signal (`flat_groups`) and repeating reasoning
 (`think_repeat_rate`, `think_loop_rate`). Pure functions of text and numbers; the think text itself
-is read by the format rules (`format_rules.think_text`), which own the reading of model text."""
+is read by the format rules (`Protocol.think_text`), which own the reading of model text."""
 
 from __future__ import annotations
 

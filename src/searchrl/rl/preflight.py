@@ -11,12 +11,11 @@ import torch
 
 from searchrl.data.types import Question
 from searchrl.errors import DataWarning, SearchRLError
-from searchrl.protocol import Protocol
+from searchrl.protocols.base import Protocol
 from searchrl.rl.config import TrainConfig
 from searchrl.rollout.agent import build_protocol
-from searchrl.rollout.bounds import check_rollout_fits, model_context
+from searchrl.rollout.bounds import TokenizerCodec, check_rollout_fits, model_context
 from searchrl.rollout.run_search import RunSearch
-from searchrl.toolformat.protocol import NativeProtocol
 
 
 @dataclass(frozen=True)
@@ -25,7 +24,7 @@ class Prepared:
 
     questions: dict[int, list]  # stage -> its training items: questions (kind rl), their gold paths (kind sft)
     search: RunSearch  # the run's retriever, which the rollout worker searches with
-    protocol: Protocol | NativeProtocol
+    protocol: Protocol
 
 
 def stage_questions(stage_cfg, key: str) -> list[Question]:
@@ -63,8 +62,7 @@ def preflight(cfg: TrainConfig, stages: list[int], model: str) -> Prepared:
     protocol = build_protocol(cfg, tokenizer)  # tool calls: the chat template's self-test runs here
     for s in stages:
         try:
-            if isinstance(protocol, Protocol):
-                protocol.prompt(questions[s][0].question, tokenizer)
+            protocol.prompt_ids(questions[s][0].question, TokenizerCodec(tokenizer))
         except SearchRLError as exc:
             raise SearchRLError(f"protocol.template={cfg.protocol.template} (stage {s}): {exc}") from None
     search = RunSearch.open(cfg.retrieval, cfg.out)  # web search: the run's budget

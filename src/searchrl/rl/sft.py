@@ -47,17 +47,16 @@ def write_messages(
     run_dir: Path, engine: RolloutEngine, examples: Sequence[GoldPath]
 ) -> Path | None:
     """The examples' conversations in `run_dir/sft_messages.jsonl` (module docstring), with the
-    results as the engine's search tool writes them; None for the tag protocol (no chat
-    messages) and for a run without SFT stages. Examples the file already holds (a resumed run's
+    results as the engine's search tool writes them; None for a protocol without chat messages
+    (tags) and for a run without SFT stages. Examples the file already holds (a resumed run's
     earlier stage) are kept."""
-    if not engine.native or not examples:
+    messages = {p.question.id: gold_messages(engine, p) for p in examples}
+    if not messages or None in messages.values():
         return None
     path = run_dir / MESSAGES_FILE
     records = {rec["id"]: rec for _, rec in iter_json_lines(path)} if path.is_file() else {}
-    for p in examples:
-        records.setdefault(
-            p.question.id, {"id": p.question.id, "messages": gold_messages(engine, p)}
-        )
+    for qid, conversation in messages.items():
+        records.setdefault(qid, {"id": qid, "messages": conversation})
     tmp = path.with_name(f".{MESSAGES_FILE}.tmp")
     tmp.write_text(
         "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records.values()),

@@ -34,9 +34,9 @@ from searchrl.data.trajectory import STOP_REASONS, Trajectory
 from searchrl.data.types import Question
 from searchrl.eval import behaviour
 from searchrl.eval.multihop import multihop_metrics, row_of_trajectory
-from searchrl.format_rules import FORMAT_RULES, TAG_RULES, think_text
 from searchrl.metrics import ANSWER_METRICS
-from searchrl.protocol import Protocol
+from searchrl.protocols.base import Protocol
+from searchrl.protocols.format_rules import FORMAT_RULES, TAG_RULES
 from searchrl.rewards import RewardBreakdown, compute_reward
 from searchrl.rl.actor import Actor, UpdateStats
 from searchrl.rl.advantages import compute_advantages
@@ -47,8 +47,6 @@ from searchrl.rl.health_signals import echoes, flat_share, loops, repeated_ngram
 from searchrl.rl.losses import behaviour_log_ratio, kl_penalty, masked_sum
 from searchrl.rollout.run_search import retrieval_record
 from searchrl.rollout.worker import RolloutWorker
-from searchrl.tags import TagSet
-from searchrl.toolformat.protocol import NativeProtocol
 from searchrl.tools.metrics import tool_metrics
 
 # Keys of a step record that measure time or caching, not learning (they differ between identical
@@ -267,13 +265,13 @@ def token_sums(batch: RolloutBatch, is_cap: float) -> torch.Tensor:  # -> [B, le
 
 
 def record(at: StepIndex, scored: Scored, sums: torch.Tensor, stats: UpdateStats, have_old: bool, has_ref: bool,
-           timing: Timing, tools: Sequence[str], protocol: Protocol | NativeProtocol | TagSet) -> dict:
+           timing: Timing, tools: Sequence[str], protocol: Protocol) -> dict:
     """The step's line of metrics.jsonl from every rollout of the step (`sums`: their
     `token_sums`); `have_old`: the old log-probs were computed; `has_ref`: a reference ran;
     `tools`: the run's (each gets its `tools/<name>/...` metrics); `protocol`: the rollouts' (it
     reads their reasoning)."""
     trajs, rewards = scored.trajectories, scored.rewards
-    thinking = [think_text(t, protocol) for t in trajs]
+    thinking = [protocol.think_text(t) for t in trajs]
     f1 = ANSWER_METRICS.get("f1")
     col = dict(zip(_SUMS, sums.unbind(dim=1)))
     tokens = float(col["policy_tokens"].sum())

@@ -21,18 +21,16 @@ from pydantic import Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
 from searchrl.config import StrictModel
-from searchrl.errors import SearchRLError
 from searchrl.profiles import apply_profile
-from searchrl.protocol import Protocol, ProtocolConfig
+from searchrl.protocols.base import Protocol
+from searchrl.protocols.config import ProtocolConfig, protocol_class
 from searchrl.retrieval import RetrievalConfig
 from searchrl.retrieval.base import Retriever
 from searchrl.rollout import backend as backends
 from searchrl.rollout.backend import GenerationBackend
 from searchrl.rollout.config import RolloutConfig
-from searchrl.tags import format_passages
-from searchrl.toolformat import NativeChat, check_template
-from searchrl.toolformat.protocol import NativeProtocol
-from searchrl.tools import ToolContext, build_tools, tool_class
+from searchrl.tools import ToolContext, build_tools
+from searchrl.tools.passages import format_passages
 
 if TYPE_CHECKING:
     from searchrl.rollout.engine import RolloutEngine
@@ -125,26 +123,15 @@ class AgentConfig(StrictModel):
 
 
 def check_tools_of_format(protocol: ProtocolConfig, tools: list[str]) -> None:
-    """A tag protocol speaks the search tool alone (a ValueError for a config validator otherwise)."""
-    if protocol.format == "tags" and tools != ["search"]:
-        raise ValueError(f"the tag protocols speak the search tool only (tools: {tools}); "
-                         "set protocol.format: tool-calls to give the model other tools")
+    """The run's tools fit its protocol (tags speak the search tool alone); a ValueError for a
+    config validator otherwise."""
+    protocol_class(protocol.format).check_config(protocol, tools)
 
 
-def build_protocol(cfg: AgentConfig, tokenizer) -> Protocol | NativeProtocol:
-    """The protocol of `cfg`. Tool calls: the chat template bound to `tokenizer` and the schemas
-    of `cfg.tools`, self-tested (a template that is not prefix-preserving stops here)."""
-    if cfg.protocol.format == "tags":
-        return Protocol.from_config(cfg.protocol)
-    p = cfg.protocol
-    if tokenizer is None:
-        raise SearchRLError("protocol.format tool-calls needs the model's tokenizer; this backend has none")
-    # The built-in models' profiles choose our hermes-fallback template (SmolLM2's has no tool
-    # section), announced with the profile; any other model without one gets the error naming it.
-    chat = NativeChat(tokenizer, [tool_class(name).schema() for name in cfg.tools], p.call_format, p.chat_template,
-                      p.template_kwargs)
-    check_template(chat)
-    return NativeProtocol(chat, p.template)
+def build_protocol(cfg: AgentConfig, tokenizer) -> Protocol:
+    """The protocol of `cfg`, bound to `tokenizer` where it needs one (`Protocol.build`; tool
+    calls: the chat template's self-test runs here)."""
+    return protocol_class(cfg.protocol.format).build(cfg.protocol, cfg.tools, tokenizer)
 
 
 def load_backend(cfg: AgentConfig) -> GenerationBackend:
@@ -157,7 +144,7 @@ class Agent:
     """A model that speaks a protocol and searches: protocol, backend, retriever and the rollout
     engine over them. `close()` frees what `build_agent` opened (never what its caller lent)."""
 
-    protocol: Protocol | NativeProtocol
+    protocol: Protocol
     backend: GenerationBackend
     retriever: Retriever | None
     engine: RolloutEngine

@@ -58,7 +58,7 @@ from searchrl import metric_names as mn
 from searchrl.data.trajectory import Trajectory
 from searchrl.data.types import Question
 from searchrl.errors import SearchRLError
-from searchrl.protocol import Protocol
+from searchrl.protocols.base import Protocol
 from searchrl.retrieval.querycache import RetrievalCounts
 from searchrl.rollout.weight_broadcast import Sender, group_backend
 from searchrl.rollout.weights import publish, retire, version_of, weights_bytes, weights_folder
@@ -66,7 +66,6 @@ from searchrl.rollout.wire import Order
 from searchrl.rollout.worker_config import WorkerConfig
 from searchrl.rollout.worker_links import LocalLink, Lost, RemoteLink
 from searchrl.rollout.worker_process import Batch, Failed, machine_cores, worker_main
-from searchrl.toolformat.protocol import NativeProtocol
 
 
 def shards(order: Order, n_workers: int) -> list[Order]:
@@ -117,7 +116,7 @@ class AsyncRollouts:
     """The trainer's side of the rollout workers (module docstring); `cfg` is what they run, on the
     trainer's device."""
 
-    def __init__(self, cfg: WorkerConfig, model, version: int, protocol: Protocol | NativeProtocol) -> None:
+    def __init__(self, cfg: WorkerConfig, model, version: int, protocol: Protocol) -> None:
         self.cfg, self.protocol, self.version = cfg, protocol, version
         cpus = cfg.rollout.worker_cpus
         if cpus and max(cpus) >= (os.cpu_count() or 1):  # refused here, before a process starts for nothing

@@ -21,13 +21,11 @@ import math
 from collections.abc import Sequence
 
 from searchrl.data.types import Question
+from searchrl.datatext import strip_marks
 from searchrl.errors import SearchRLError
-from searchrl.protocol import Protocol
+from searchrl.protocols.base import Protocol
 from searchrl.rollout.backend import context_window
 from searchrl.rollout.config import RolloutConfig
-from searchrl.rollout.engine import document_block_ends
-from searchrl.tags import format_passages
-from searchrl.toolformat.protocol import NativeProtocol
 
 SAMPLE = 64  # questions and passages the estimates read: enough for a typical length, fast
 
@@ -41,34 +39,36 @@ def spread(n: int, at_most: int = SAMPLE) -> list[int]:
     return sorted({i * n // at_most for i in range(at_most)}) if n > at_most else list(range(n))
 
 
-def _encode(tokenizer, text: str, prompt: bool = False) -> list[int]:
-    return tokenizer(text, add_special_tokens=prompt, verbose=False)["input_ids"]
+class TokenizerCodec:
+    """A tokenizer as a protocol's codec, before any backend loads: the text as it reads, data
+    marks left out (an estimate needs no guard against control tokens)."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    def encode(self, text: str, *, prompt: bool = False) -> list[int]:
+        return self.tokenizer(strip_marks(text), add_special_tokens=prompt, verbose=False)["input_ids"]
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(token_ids)
 
 
-def longest_prompt(questions: Sequence[Question], protocol: Protocol | NativeProtocol, tokenizer) -> int:
+def longest_prompt(questions: Sequence[Question], protocol: Protocol, tokenizer) -> int:
     """Tokens of the longest prompt among up to `SAMPLE` questions spread over `questions`."""
-    def length(question: str) -> int:
-        if isinstance(protocol, NativeProtocol):
-            return len(protocol.prompt_ids(question))
-        return len(_encode(tokenizer, protocol.prompt(question, tokenizer), prompt=True))
-
-    return max((length(questions[i].question) for i in spread(len(questions))), default=0)
+    codec = TokenizerCodec(tokenizer)
+    return max((len(protocol.prompt_ids(questions[i].question, codec)) for i in spread(len(questions))), default=0)
 
 
-def passage_tokens(passages, protocol: Protocol | NativeProtocol, tokenizer) -> tuple[int, float]:
-    """(tokens of a documents block's tags, typical tokens per passage line) for a local index's
-    `passages` (module docstring); a block of k passages is estimated as tags + k x typical.
-    Tool calls: a search result's block, its wrapper counted as the tags."""
-    sample = passages.get(spread(len(passages)))
-    if isinstance(protocol, NativeProtocol):
-        return protocol.observation_overhead, len(_encode(tokenizer, format_passages(sample))) / len(sample)
-    tags = sum(len(_encode(tokenizer, part)) for part in document_block_ends(protocol.tags))
-    return tags, (len(_encode(tokenizer, protocol.format_documents(sample))) - tags) / len(sample)
+def passage_tokens(passages, protocol: Protocol, tokenizer) -> tuple[int, float]:
+    """(tokens of a search observation's frame, typical tokens per passage line) for a local
+    index's `passages` (module docstring); a block of k passages is estimated as frame + k x
+    typical (`Protocol.search_block_tokens`)."""
+    return protocol.search_block_tokens(passages.get(spread(len(passages))), TokenizerCodec(tokenizer).encode)
 
 
 def check_rollout_fits(
     rollout: RolloutConfig,
-    protocol: Protocol | NativeProtocol,
+    protocol: Protocol,
     tokenizer,
     context: int | None,
     questions: Sequence[Question],

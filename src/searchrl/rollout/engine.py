@@ -13,31 +13,25 @@ One batch of rollouts advances in rounds:
    result; then ALL calls of the round, of every sequence, run batched per tool (one
    `retriever.search(queries, k)` for all searches: `searchrl.tools.batch.run_calls`);
 4. each sequence's results are appended as token ids (loss mask 0), and the round repeats for
-   the sequences still active. Tags: the documents block, tokenized on its own; tool calls: the
-   template's tool-result messages (`NativeChat.observation_ids`).
+   the sequences still active: the protocol builds them (`Protocol.observe`; tags: the documents
+   block, tokenized on its own; tool calls: the template's tool-result messages).
 
 With `round_quorum` < 1 a round closes once that share of its sequences has stopped: a backend
 with continuous batching (vLLM) keeps the others generating ("pending") while the stopped ones
 are served and resubmitted, so the long tail of a round does not leave the batch near empty.
 Each round still calls each tool at most once, for the sequences that paused in it.
 
-Tokens are recorded exactly as sampled or inserted. The documents block starts with a blank line,
-so tokenizing it standalone splits no token with the policy text before it; its ids decode back to
-exactly the block's text with byte-level BPE tokenizers (the engine warns once when a tokenizer
-does not round-trip, and records the text the model actually saw).
+Tokens are recorded exactly as sampled or inserted, with the text each observation decodes to
+(what the model saw).
 
 The model's context (`backend.max_context`) bounds every rollout: prompt + response never exceed
 it. A turn's token budget shrinks to what the context has left; a rollout that fills it stops
-with `context_full`. A documents block that does not fit in what is left, less `ANSWER_ROOM`
-tokens kept for the policy to answer in (or less its whole remaining budget when that is
-smaller), is cut: its opening part (blank line, documents tag) and closing part (newline,
-closing tag, blank line) are tokenized on their own and kept whole, and the passages between
-them are kept as a prefix of their tokens, i.e. whole passages while they fit and the next one
-cut at a token boundary (never inside a character). The trajectory counts its cut blocks
-(`truncated_documents`). When not even the two tags fit, the query is not served and the
-rollout stops with `context_full`. A block that fits is inserted exactly as without a limit.
-Tool-call results that do not fit are shortened alike (each result's text cut to one length and
-marked), counted the same way; when not even empty results fit, the rollout stops there.
+with `context_full`. An observation gets what is left, less `ANSWER_ROOM` tokens kept for the
+policy to answer in (or less its whole remaining budget when that is smaller); the protocol cuts
+one that does not fit (`searchrl.protocols.tagged`, `searchrl.protocols.chat_tools`), and the
+trajectory counts its cut blocks (`truncated_documents`). When not even the smallest observation
+fits (`Protocol.min_observation_tokens`, or the protocol finds none fits), the rollout stops
+with `context_full`.
 
 Partial rollouts (`run(..., between_rounds=...)`; asynchronous training's `rollout.partial:
 continue`, docs/guides/async.md): the engine calls `between_rounds()` before each round's
@@ -50,37 +44,24 @@ one, and `policy_version` is its oldest. Where the weights come from is the call
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from searchrl.data.trajectory import Segment, Trajectory
-from searchrl.data.types import Passage, Question
-from searchrl.datatext import data, data_passage, strip_marks
+from searchrl.data.types import Question
 from searchrl.errors import SearchRLError
-from searchrl.protocol import Protocol, TurnRead
+from searchrl.protocols.base import Protocol, Script, TurnRead
 from searchrl.retrieval.base import Retriever
 from searchrl.rollout.backend import GenerationBackend
 from searchrl.rollout.config import RolloutConfig
-from searchrl.tags import TagSet
-from searchrl.toolformat.chat import Message
-from searchrl.toolformat.protocol import NativeProtocol
 from searchrl.tools.base import Observation, Tool, ToolCall
 from searchrl.tools.batch import run_calls
 from searchrl.tools.context import ToolContext
 from searchrl.tools.search import Search
 
-log = logging.getLogger(__name__)
-
-ANSWER_ROOM = 64  # policy tokens a cut documents block leaves free, so the model can still answer
-
-
-def document_block_ends(tags: TagSet) -> tuple[str, str]:
-    """The opening and closing parts of every documents block (`tags.format_documents`), which a
-    cut keeps whole: block = opening + passage lines (without the last newline) + closing."""
-    return f"\n\n{tags.docs_open}\n", f"\n{tags.docs_close}\n\n"
+ANSWER_ROOM = 64  # policy tokens a cut observation leaves free, so the model can still answer
 
 
 @dataclass
@@ -105,7 +86,7 @@ class _Rollout:
     tool_s: dict[str, float] = field(default_factory=dict)  # wall time of calls, per tool
     used: dict[str, int] = field(default_factory=dict)  # calls admitted per tool (budgets)
     spent_turns: int = 0  # turns whose every call was over its budget
-    messages: list = field(default_factory=list)  # tool calls: the conversation so far
+    messages: list = field(default_factory=list)  # the conversation so far (`Protocol.conversation`)
     version: int | None = None  # partial rollouts: the policy version generating now
     versions: list[int] = field(default_factory=list)  # partial rollouts: per token, its version
     gen_s: float = 0.0
@@ -148,7 +129,7 @@ class _Rollout:
         return self.limit - len(self.prompt_ids) - len(self.token_ids)
 
     def documents_room(self) -> float:
-        """Tokens a documents block may take: what is left, less room for the policy to answer."""
+        """Tokens an observation may take: what is left, less room for the policy to answer."""
         return self.room() - min(self.left, ANSWER_ROOM)
 
 
@@ -159,21 +140,15 @@ class RolloutEngine:
         self,
         backend: GenerationBackend,
         retriever: Retriever,
-        protocol: Protocol | NativeProtocol,
+        protocol: Protocol,
         cfg: RolloutConfig | None = None,
         tools: dict[str, Tool] | None = None,
     ) -> None:
         self.backend = backend
         self.retriever = retriever
         self.protocol = protocol
-        self.native = isinstance(protocol, NativeProtocol)
-        self.tags = getattr(protocol, "tags", None)
         self.cfg = cfg or RolloutConfig()
-        # The tag protocols speak the search tool only; tool calls may call any of the run's.
         self.tools = tools if tools is not None else {"search": Search(ToolContext(retriever, self.cfg.k))}
-        self._warned_roundtrip = False
-        self._warned_cut = False
-        self._tags_len: int | None = None
 
     def run(
         self,
@@ -206,64 +181,14 @@ class RolloutEngine:
         return out
 
     def prompt_ids(self, questions: Sequence[Question], prompts: Sequence[str] | None = None) -> list[list[int]]:
-        """The token ids each question's rollouts start from: `prompts` (default: the protocol's
-        template) encoded as a sequence start, each checked to leave room in the context."""
-        if self.native:
-            if prompts is not None:
-                raise ValueError("tool-call rollouts start from the protocol's conversation; prompts cannot be given")
-            prompt_ids = [self.protocol.prompt_ids(q.question) for q in questions]
-            self._check_prompt_lengths(questions, prompt_ids)
-            return prompt_ids
-        if prompts is None:  # the question is data: never a control token (searchrl.datatext)
-            prompts = [self.protocol.prompt(data(q.question), self.backend.tokenizer) for q in questions]
-        if len(prompts) != len(questions):
+        """The token ids each question's rollouts start from: the protocol's prompt, or `prompts`
+        given (where the protocol takes them), each checked to leave room in the context."""
+        if prompts is not None and len(prompts) != len(questions):
             raise ValueError(f"{len(prompts)} prompts for {len(questions)} questions")
-        prompt_ids = [self.backend.encode(p, prompt=True) for p in prompts]
+        given = prompts if prompts is not None else [None] * len(questions)
+        prompt_ids = [self.protocol.prompt_ids(q.question, self.backend, p) for q, p in zip(questions, given)]
         self._check_prompt_lengths(questions, prompt_ids)
         return prompt_ids
-
-    def marked_documents(self, passages: Sequence[Passage]) -> str:
-        """The documents block of `passages` with their titles and texts marked as data
-        (`searchrl.datatext`): what the engine tokenizes, so that no passage makes a control token."""
-        return self.protocol.format_documents([data_passage(p) for p in passages])
-
-    def documents(self, passages: Sequence[Passage]) -> tuple[list[int], str]:
-        """The documents block of `passages` as the engine inserts it: its token ids (the block
-        tokenized on its own, passages as data) and the text they decode to, which is what the
-        model sees."""
-        marked = self.marked_documents(passages)
-        block = strip_marks(marked)
-        ids = self.backend.encode(marked)
-        seen = self.backend.decode(ids)
-        if seen != block and not self._warned_roundtrip:
-            self._warned_roundtrip = True
-            log.warning("the tokenizer does not round-trip documents blocks; trajectories record "
-                        "the decoded text the model saw (first block: %r vs %r)", block[:80], seen[:80])
-        return ids, seen
-
-    def fitted_documents(self, passages: Sequence[Passage], room: float = math.inf) -> tuple[list[int], str, bool] | None:
-        """The documents block of `passages` in at most `room` tokens, cut by the module
-        docstring's rule: (ids, decoded text, whether it was cut), or None when not even its
-        tags fit."""
-        whole, seen = self.documents(passages)
-        if len(whole) <= room:
-            return whole, seen, False
-        block = self.marked_documents(passages)
-        head_text, tail_text = document_block_ends(self.tags)
-        head, tail = self.backend.encode(head_text), self.backend.encode(tail_text)
-        n = int(room) - len(head) - len(tail)
-        if n < 0:
-            return None
-        body = self.backend.encode(block[len(head_text) : -len(tail_text)])[:n]
-        while body and self.backend.decode(body[-4:]).endswith("\ufffd"):
-            body = body[:-1]  # a cut inside a multi-byte character
-        ids = head + body + tail
-        if not self._warned_cut:
-            self._warned_cut = True
-            log.warning("a documents block of %d passages was cut to fit the model's context (%d of %d tokens); "
-                        "trajectories count such blocks (truncated_documents): lower rollout.k or rollout.max_searches",
-                        len(passages), len(ids), len(whole))
-        return ids, self.backend.decode(ids), True
 
     def _check_prompt_lengths(self, questions: Sequence[Question], prompt_ids: list[list[int]]) -> None:
         # A prompt that fills the context leaves no room to answer (and past the model's positions
@@ -281,9 +206,8 @@ class RolloutEngine:
         cfg, be = self.cfg, self.backend
         limit = be.max_context
         rollouts = [_Rollout(q, list(ids), cfg.max_new_tokens, math.inf if limit is None else limit) for q, ids in items]
-        if self.native:
-            for r in rollouts:
-                r.messages = self.protocol.messages(r.question.question)
+        for r in rollouts:
+            r.messages = self.protocol.conversation(r.question.question)
         handles = be.start([r.prompt_ids for r in rollouts], cfg.sampling_params())
         stops = self.protocol.stop_strings()
         active = list(range(len(rollouts)))
@@ -307,7 +231,7 @@ class RolloutEngine:
                         continue  # still generating; its continuation comes back in a later round
                     r.add("policy", o.token_ids, o.logprobs)
                     r.left -= len(o.token_ids)
-                    read = self._read(r, o)
+                    read = self.protocol.read_turn(r.current_policy_ids(), o.finish_reason, o.stop_string, be)
                     if read is not None and read.stop is None:
                         attempts = self._admit(r, read)
                         if attempts is not None:
@@ -330,19 +254,12 @@ class RolloutEngine:
             be.release(handles)
         return [self._trajectory(r) for r in rollouts]
 
-    def _read(self, r: _Rollout, o) -> TurnRead | None:
-        """The protocol's reading of where this generation stopped (the turn since the last
-        observation), or None when it stopped for a budget."""
-        if self.native:
-            return self.protocol.read_turn(r.current_policy_ids(), o.finish_reason, o.stop_string)
-        return self.protocol.read_turn(self.backend.decode(r.current_policy_ids()), o.finish_reason, o.stop_string)
-
     def _admit(self, r: _Rollout, read: TurnRead) -> list | None:
         """The turn's attempts, each (call or None, what runs: the call or a refusal), within the
         budgets; None when the rollout stops here instead (`r.stop_reason` set): every call over
-        its tool's budget (`max_searches`; tool calls: the second such turn, the first is told),
-        no policy budget left to read the results (`length`), or not even the tags of a documents
-        block fit (`context_full`)."""
+        its tool's budget (`max_searches`, past `Protocol.spent_turns_allowed` such turns), no
+        policy budget left to read the results (`length`), or not even the smallest observation
+        fits (`context_full`)."""
         attempts: list[tuple[ToolCall | None, ToolCall | Observation]] = []
         for call in read.calls:
             budget = self.cfg.tool_budget(call.name)
@@ -357,11 +274,11 @@ class RolloutEngine:
             # Tags end here, unserved (the paper's rule); a tool-call model reads that its budget
             # is spent, once, and may still answer.
             r.spent_turns += 1
-            if not self.native or r.spent_turns > 1:
+            if r.spent_turns > self.protocol.spent_turns_allowed:
                 r.stop_reason = "max_searches"
         elif r.left <= 0:  # observations it could never read
             r.stop_reason = "length"
-        elif not self.native and r.documents_room() < self._tags_length():  # not even an empty block fits
+        elif r.documents_room() < self.protocol.min_observation_tokens(self.backend):  # not even the smallest fits
             r.stop_reason = "context_full"
         return None if r.stop_reason else attempts
 
@@ -378,101 +295,31 @@ class RolloutEngine:
             r.ret_s += tool_s
             results = [(call, next(observations)) for call, _ in attempts]
             r.record(results)
-            ids = self._observe(r, read, results) if self.native else self._insert_search(r, *results[0])
-            if ids is None:
+            obs = self.protocol.observe(r.messages, read, r.current_policy_ids(), results, r.documents_room(), self.backend)
+            if obs is None:
                 r.stop_reason = "context_full"
                 continue
+            r.truncated_documents += obs.cut
+            r.add("env", obs.ids)
+            r.env_texts.append(obs.text)
+            r.messages += obs.messages
             served.append(handles[i])
-            inserted.append(ids)
+            inserted.append(obs.ids)
         self.backend.append(served, inserted)
 
-    def _insert_search(self, r: _Rollout, call: ToolCall, obs: Observation) -> list[int]:
-        """The tag protocols' observation: the documents block of the search's passages."""
-        return self._insert(r, obs.passages, r.documents_room())
-
-    def _observe(self, r: _Rollout, read: TurnRead, results: list[tuple[ToolCall | None, Observation]]) -> list[int] | None:
-        """The tool-call protocol's observation: the template's tool-result messages after the
-        sampled turn, as ids. Results that do not fit the room left are shortened alike (their
-        texts cut to one length, marked, the block counted in `truncated_documents`); None when
-        not even empty results fit."""
-        chat, sampled, room = self.protocol.chat, r.current_policy_ids(), r.documents_room()
-
-        def render(texts: list[str]) -> tuple[list[Message], list[int]]:
-            messages = [chat.tool_message(call.name if call else "error", t) for (call, _), t in zip(results, texts)]
-            return messages, chat.observation_ids(r.messages, sampled, messages)
-
-        texts = [obs.text for _, obs in results]
-        messages, ids = render(texts)
-        if len(ids) > room:
-            r.truncated_documents += 1
-            most = max(map(len, texts))
-            while len(ids) > room:
-                if most == 0:
-                    return None
-                most = max(0, min(most - 1, int(most * room / len(ids))))
-                messages, ids = render([t if len(t) <= most else t[:most] + " [cut]" for t in texts])
-        self._add_results(r, read.turn, messages, ids)
-        return ids
-
-    def _add_results(self, r: _Rollout, turn, messages: list[Message], ids: list[int]) -> None:
-        """Append a tool-call turn's result block (`ids`, loss mask 0) and extend the
-        conversation with the turn and its result `messages`."""
-        r.add("env", ids)
-        r.env_texts.append(self.backend.decode(ids))
-        r.messages += [self.protocol.chat.assistant_message(turn), *messages]
-
-    def _tags_length(self) -> int:
-        """Tokens of the smallest documents block a cut can leave: its opening and closing parts."""
-        if self._tags_len is None:
-            self._tags_len = sum(len(self.backend.encode(part)) for part in document_block_ends(self.tags))
-        return self._tags_len
-
-    def _insert(self, r: _Rollout, passages: Sequence[Passage], room: float = math.inf) -> list[int]:
-        """Append the documents block of `passages` to `r` (loss mask 0), cut to `room` tokens;
-        returns its ids. `room` holds at least the block's tags (checked before the search)."""
-        ids, seen, cut = self.fitted_documents(passages, room)
-        r.truncated_documents += cut
-        r.add("env", ids)
-        r.env_texts.append(seen)
-        return ids
-
-    def written(self, question: Question, prompt_ids: Sequence[int], texts: Sequence[str] | Sequence[Message],
-                searches: Sequence[tuple[str, Sequence[Passage]]]) -> Trajectory:
-        """The trajectory this engine records when the policy writes `texts[0]` (ending with a
-        query), the environment answers `searches[0]` = (query, passages), the policy writes
-        `texts[1]`, ... and `texts[-1]` ends with the answer tag: each text tokenized on its own
-        (as a scripted policy's would be), log-probs 0. Gold trajectories for SFT are built so.
-
-        Tool calls: `texts` are the conversation after the prompt's messages, an assistant
-        message with one call and its tool message per search, then the final assistant
-        message; each turn's ids are what a policy samples for it (`selftest.sampled_ids`), each
-        result block the template's observation ids (loss mask 0), as `_observe` appends them."""
+    def written(self, question: Question, prompt_ids: Sequence[int], script: Script) -> Trajectory:
+        """The trajectory this engine records when the policy writes `script` in the protocol's
+        syntax and the environment answers each step with its result (`Protocol.written`): each
+        policy piece tokenized as a scripted policy's would be, log-probs 0. Gold trajectories
+        for SFT are built so."""
         r = _Rollout(question, list(prompt_ids), self.cfg.max_new_tokens, stop_reason="answer")
-        if not self.native:
-            if len(texts) != len(searches) + 1 or not texts[-1].endswith(self.tags.answer_close):
-                raise ValueError("give one text more than searches, the last ending with the answer tag")
-            for i, text in enumerate(texts):
-                r.add("policy", self.backend.encode(text))
-                if i < len(searches):
-                    query, passages = searches[i]
-                    r.record([(ToolCall("search", {"query": query}), Observation("", passages=list(passages)))])
-                    self._insert(r, passages)
-            return self._trajectory(r)
-        if len(texts) != 2 * len(searches) + 1 or any(len(m.get("tool_calls") or []) != 1 for m in texts[:-1:2]):
-            raise ValueError("give an assistant message with one call and its tool message per search, then the answer")
-        from searchrl.toolformat.selftest import sampled_ids
-
-        chat = self.protocol.chat
-        r.messages = self.protocol.messages(question.question)
-        for i, assistant in enumerate(texts[::2]):
-            sampled = sampled_ids(chat, r.messages, assistant)
-            r.add("policy", sampled)
-            if i == len(searches):
-                break
-            tool = texts[2 * i + 1]
-            call = assistant["tool_calls"][0]["function"]
-            r.record([(ToolCall(call["name"], call["arguments"]), Observation(tool["content"], passages=list(searches[i][1])))])
-            self._add_results(r, chat.parse_ids(sampled), [tool], chat.observation_ids(r.messages, sampled, [tool]))
+        steps = iter(script.steps)
+        for source, ids, text in self.protocol.written(question.question, script, self.backend):
+            if source == "env":
+                step = next(steps)
+                r.record([(step.call, step.result)])
+                r.env_texts.append(text)
+            r.add(source, ids)
         return self._trajectory(r)
 
     def _trajectory(self, r: _Rollout) -> Trajectory:
@@ -485,10 +332,8 @@ class RolloutEngine:
                 continue
             # The EOS token stays in token_ids (it was sampled) but is no text of the response;
             # nor is the end-of-turn token that closes each turn of a tool-call rollout.
-            if self.native:
-                text_ids = self.protocol.turn_text(ids)
-            else:
-                text_ids = ids[:-1] if ids and ids[-1] in eos and r.stop_reason == "eos" and ids is r.runs[-1][1] else ids
+            final = r.stop_reason == "eos" and ids is r.runs[-1][1]
+            text_ids = self.protocol.turn_text(ids, eos if final else frozenset())
             if text_ids:
                 segments.append(Segment(self.backend.decode(text_ids), "policy"))
         versions = {}

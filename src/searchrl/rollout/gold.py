@@ -1,7 +1,7 @@
 """Gold search trajectories, the training data of the SFT baseline (R1-Searcher Table 4): what an
 agent writes that searches for each supporting passage of a question in hop order and then
 answers, recorded as the rollout engine records a rollout (`RolloutEngine.written`): the same
-prompt ids, the documents blocks inserted by the engine's own code with loss mask 0, the policy's
+prompt ids, the observations built by the protocol's own code with loss mask 0, the policy's
 text with loss mask 1, each piece tokenized as a scripted policy's would be.
 
 A question's gold path needs its supporting passage ids in hop order (the toy world records them)
@@ -37,13 +37,13 @@ warm-started agent's second search missed the second passage on 37 of 59 bridge 
 by naming another entity of the first passage; quoting the passage's own sentence instead made it
 quote the passage's first sentence (docs/results.md, "Training for the second hop").
 
-With tool calls (`protocol.format: tool-calls`) the path is a chat conversation
-(`GoldPath.messages`, the shape Hugging Face datasets use for tool calling): the protocol's own
-messages (system prompt, worked examples, question), then per hop an assistant turn "First I
-search for Q1." with one `search` call and the tool's result (the search tool's text of the
-passages), then the answer alone. Its trajectory is the template's rendering, turn by turn, as
-the engine records a rollout: each turn the ids a policy samples for it, each result block the
-template's observation ids (loss mask 0).
+A path is written protocol-neutral (`GoldPath.script`: per hop a thought, the `search` call and
+its result, then the last thought and the answer), and the run's protocol renders it
+(`Protocol.written`): the text above for tags; with tool calls (`protocol.format: tool-calls`) a
+chat conversation (`Protocol.chat_messages`, the shape Hugging Face datasets use for tool
+calling) of the protocol's own messages, per hop an assistant turn "First I search for Q1." with
+one `search` call and the tool's result (the search tool's text of the passages), then the answer
+alone, recorded turn by turn as the engine records a rollout.
 """
 
 from __future__ import annotations
@@ -55,12 +55,11 @@ from dataclasses import dataclass
 from searchrl.data.trajectory import Trajectory
 from searchrl.data.types import Passage, Question
 from searchrl.errors import SearchRLError
+from searchrl.protocols.base import Message, Script, Step
 from searchrl.retrieval.base import Retriever
 from searchrl.rollout.engine import RolloutEngine
-from searchrl.tags import TagSet, format_passages
-from searchrl.toolformat.chat import Message, NativeChat
-from searchrl.toolformat.protocol import NativeProtocol
-from searchrl.tools.base import ToolCall
+from searchrl.tools.base import Observation, ToolCall
+from searchrl.tools.passages import format_passages
 
 # Question words that say nothing about what a passage holds.
 _STOPWORDS = frozenset(
@@ -143,32 +142,16 @@ class GoldPath:
         sentence = evidence_sentence(self.searches[hop - 1][1], targets)
         return f"{sentence} " if sentence else ""
 
-    def texts(self, tags: TagSet, think_opened: bool) -> list[str]:
-        """The policy's text: one piece ending with each query, then one ending with the answer."""
-        queries = [q for q, _ in self.searches]
+    def script(self, observe: Callable[[Sequence[Passage]], str] = format_passages) -> Script:
+        """The path written out (module docstring); `observe`: the search tool's text of a
+        search's passages."""
+        steps = tuple(
+            Step(f"{self.lead(i)}{'Next' if i else 'First'} I search for {query}.", ToolCall("search", {"query": query}),
+                 Observation(observe(passages), passages=list(passages)))
+            for i, (query, passages) in enumerate(self.searches)
+        )
         answer = self.question.answers[0]
-        out = [("" if think_opened else tags.think_open) + f" First I search for {queries[0]}.\n\n"]
-        out += [f"{self.lead(i)}Next I search for {q}.\n\n" for i, q in enumerate(queries[1:], 1)]
-        out = [text + f"{tags.query_open}{q}{tags.query_close}" for text, q in zip(out, queries)]
-        return out + [
-            f"{self.lead(len(queries))}So the answer is {answer}.{tags.think_close}\n\n"
-            f"{tags.answer_open}{answer}{tags.answer_close}"
-        ]
-
-    def messages(
-        self,
-        protocol: NativeProtocol,
-        observe: Callable[[Sequence[Passage]], str] = format_passages,
-    ) -> list[Message]:
-        """The path as chat messages (module docstring), from `protocol.messages(question)`;
-        `observe`: the search tool's text of a search's passages."""
-        out = protocol.messages(self.question.question)
-        for i, (query, passages) in enumerate(self.searches):
-            thought = f"{self.lead(i)}{'Next' if i else 'First'} I search for {query}."
-            out.append(NativeChat.call_message(thought, [ToolCall("search", {"query": query})]))
-            out.append(NativeChat.tool_message("search", observe(passages)))
-        out.append({"role": "assistant", "content": self.question.answers[0]})
-        return out
+        return Script(steps, f"{self.lead(len(steps))}So the answer is {answer}.", answer)
 
 
 def support_passages(retriever: Retriever, ids: set[str]) -> dict[str, Passage]:
@@ -216,15 +199,20 @@ def gold_paths(
     return paths
 
 
-def gold_messages(engine: RolloutEngine, path: GoldPath) -> list[Message]:
-    """A path's conversation with the results in the text of the engine's search tool."""
+def gold_script(engine: RolloutEngine, path: GoldPath) -> Script:
+    """A path written with the results in the text of the engine's search tool."""
     search = engine.tools.get("search")
     if search is None:
         raise SearchRLError(
             f"a kind: sft stage trains on gold searches, but the run's tools ({', '.join(engine.tools)}) "
             "have no search; add it (tools: [search, ...])"
         )
-    return path.messages(engine.protocol, search.context.format_passages)
+    return path.script(search.context.format_passages)
+
+
+def gold_messages(engine: RolloutEngine, path: GoldPath) -> list[Message] | None:
+    """A path's conversation in the engine's protocol; None for a protocol without chat messages."""
+    return engine.protocol.chat_messages(path.question.question, gold_script(engine, path))
 
 
 def gold_trajectories(engine: RolloutEngine, paths: Sequence[GoldPath]) -> list[Trajectory]:
@@ -233,14 +221,7 @@ def gold_trajectories(engine: RolloutEngine, paths: Sequence[GoldPath]) -> list[
     one error (a rollout would be cut there); the trainer builds every example once before its
     first step, so a run does not stop on one in the middle."""
     prompt_ids = engine.prompt_ids([p.question for p in paths])
-    protocol = engine.protocol
-    out = []
-    for path, ids in zip(paths, prompt_ids):
-        if engine.native:  # the turns after the prompt's messages
-            turns = gold_messages(engine, path)[len(protocol.messages(path.question.question)) :]
-        else:
-            turns = path.texts(protocol.tags, protocol.think_opened_in_prompt)
-        out.append(engine.written(path.question, ids, turns, path.searches))
+    out = [engine.written(path.question, ids, gold_script(engine, path)) for path, ids in zip(paths, prompt_ids)]
     budget = engine.cfg.max_new_tokens
     over = [(sum(t.loss_mask), t.question_id) for t in out if sum(t.loss_mask) > budget]
     if over:

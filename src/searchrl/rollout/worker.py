@@ -20,12 +20,11 @@ from collections.abc import Callable
 from searchrl import metric_names as mn
 from searchrl.data.trajectory import Trajectory
 from searchrl.data.types import Question
-from searchrl.protocol import Protocol
+from searchrl.protocols.base import Protocol
 from searchrl.retrieval.base import Retriever
 from searchrl.retrieval.querycache import CachedRetriever, RetrievalCounts
 from searchrl.retrieval.web.budget import COUNTERS
 from searchrl.rollout.agent import Agent, build_agent, load_backend
-from searchrl.toolformat.protocol import NativeProtocol
 
 
 class RolloutWorker:
@@ -65,7 +64,7 @@ class RolloutWorker:
         return cls(build_agent(cfg, backend, retriever, protocol=protocol), precision, actor.version)
 
     @property
-    def protocol(self) -> Protocol | NativeProtocol:
+    def protocol(self) -> Protocol:
         return self.engine.protocol
 
     @property

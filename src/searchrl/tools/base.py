@@ -3,7 +3,7 @@
 The rollout engine collects every call of a round from every trajectory, groups them by tool and
 makes one `Tool.call` per tool: many calls in, one `Observation` each out, in order. How a call is
 written by the model (tags, or the chat template's native tool calls) and how an observation goes
-back into the context is the protocol's business (`searchrl.protocol`), never a tool's.
+back into the context is the protocol's business (`searchrl.protocols`), never a tool's.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from searchrl.data.types import Passage
-from searchrl.tags import format_passages
+from searchrl.tools.passages import format_passages
 
 if TYPE_CHECKING:
     from searchrl.retrieval.base import Retriever

@@ -24,8 +24,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from searchrl.data.types import Passage
-from searchrl.tags import clean_query
 from searchrl.tools.base import Observation, Tool
+from searchrl.tools.passages import clean_query
 from searchrl.tools.registry import TOOLS
 
 log = logging.getLogger(__name__)

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from searchrl.errors import SearchRLError
-from searchrl.tags import clean_query
 from searchrl.tools.base import Observation, Tool
+from searchrl.tools.passages import clean_query
 from searchrl.tools.registry import TOOLS
 
 

@@ -33,7 +33,7 @@ from typing import Any
 from searchrl import datatext
 from searchrl.chat_render import render, template_name
 from searchrl.errors import SearchRLError
-from searchrl.toolformat.parse import CALL_FORMATS, Turn, detect_format
+from searchrl.protocols.call_formats import CALL_FORMATS, Turn, detect_format
 from searchrl.tools.base import ToolCall
 
 Message = dict[str, Any]

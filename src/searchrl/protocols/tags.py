@@ -4,18 +4,19 @@ queries, answers and reasoning.
 The model writes free text with tags; the rollout engine stops generation on `stop_strings(tags)`,
 reads the query with `extract_query`, and appends `format_documents(passages, tags, style)`.
 Rewards and evaluation read the answer with `extract_answer`. Prompt templates
-(`searchrl.prompts`) and the `Protocol` bundle (`searchrl.protocol`) are built on this module.
+(`searchrl.protocols.prompts`) and the tag protocol (`searchrl.protocols.tagged`) are built on this module.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 from searchrl.data.trajectory import Segment
 from searchrl.data.types import Passage
 from searchrl.registry import Registry
+from searchrl.tools.passages import clean_query, format_passages
 
 
 @dataclass(frozen=True)
@@ -66,31 +67,6 @@ def stop_strings(tags: TagSet) -> list[str]:
 # Documents blocks
 
 
-DOC_STYLES: Registry[Callable[[int, Passage], str]] = Registry("documents style")
-
-
-@DOC_STYLES.register("r1searcher")
-def _doc_r1searcher(i: int, p: Passage) -> str:
-    # The shape of the authors' released trajectories: `(1)Title: Wapping Text: Wapping is ...`.
-    # Checkpoints trained on it see exactly what they saw in training.
-    return f"({i})Title: {p.title} Text: {p.text}"
-
-
-@DOC_STYLES.register("title-lines")
-def _doc_title_lines(i: int, p: Passage) -> str:
-    # The documents block's other shape (docs/concepts/protocols.md): title on its own line, text below.
-    return f"({i}) Title: {p.title}\n{p.text}"
-
-
-def _neutralize_tags(text: str, tags: TagSet) -> str:
-    # A corpus passage that happens to contain a protocol tag would let the documents block end
-    # early or plant an answer; tags inside passages are replaced by a space.
-    for tag in tags.all_tags():
-        if tag in text:
-            text = text.replace(tag, " ")
-    return text
-
-
 def format_documents(passages: Sequence[Passage], tags: TagSet, style: str = "r1searcher") -> str:
     """The environment's documents block, inserted right after the end-of-query tag.
 
@@ -103,39 +79,11 @@ def format_documents(passages: Sequence[Passage], tags: TagSet, style: str = "r1
     <BLANKLINE>
     |
     """
-    return f"\n\n{tags.docs_open}\n{format_passages(passages, style, tags)}\n{tags.docs_close}\n\n"
-
-
-def format_passages(passages: Sequence[Passage], style: str = "r1searcher", tags: TagSet | None = None) -> str:
-    """The content of a documents block: one line per passage in `style` (the `search` tool's
-    observation), with the tags of `tags` inside passages neutralized.
-
-    >>> format_passages([Passage("7", "Quellbridge", "A town."), Passage("8", "Tessaly", "A river.")])
-    '(1)Title: Quellbridge Text: A town.\\n(2)Title: Tessaly Text: A river.'
-    """
-    line = DOC_STYLES.get(style)
-    if tags is not None:
-        passages = [Passage(p.id, _neutralize_tags(p.title, tags), _neutralize_tags(p.text, tags)) for p in passages]
-    return "\n".join(line(i, p) for i, p in enumerate(passages, start=1)) or "(no documents found)"
+    return f"\n\n{tags.docs_open}\n{format_passages(passages, style, tags.all_tags())}\n{tags.docs_close}\n\n"
 
 
 # ----------------------------------------------------------------------------------------------
 # Parsing
-
-_QUOTES = "\"'`\u201c\u201d\u2018\u2019\u00ab\u00bb"
-
-
-def clean_query(raw: str) -> str | None:
-    """Strip surrounding quotes and whitespace, collapse inner whitespace; empty -> None.
-
-    >>> clean_query('  "capital of   France"\\n')
-    'capital of France'
-    >>> clean_query(' "" ') is None
-    True
-    """
-    q = " ".join(raw.split()).strip(_QUOTES + " ")
-    return q or None
-
 
 def extract_query(text: str, tags: TagSet) -> str | None:
     """The query after the LAST begin-of-query tag (docs/concepts/rollout.md), cut at the end-of-query tag if present.

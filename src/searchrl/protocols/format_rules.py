@@ -1,7 +1,7 @@
 """The format rules of both protocols (docs/concepts/rewards.md): whether a rollout kept its
-protocol's format. The format reward (`searchrl.rewards`) and `searchrl eval format-check` read
-the verdict; this module and the protocol modules (`protocol`, `tags`, `prompts`, `toolformat`)
-are the only code that reads model text.
+protocol's format. Each protocol's `check_format` applies them (tags: `check_segments`, tool
+calls: `check_turns`); the format reward (`searchrl.rewards`) and `searchrl eval format-check`
+read the verdict.
 
 Everything here is a pure function of one `Trajectory`. The format check reads
 `Trajectory.segments`, so "the model never writes a documents block" is decided by provenance: a documents tag in a `policy` segment is forged, in an `env` segment it
@@ -39,13 +39,15 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from searchrl.data.trajectory import Segment, Trajectory
-from searchrl.protocol import Protocol
+from searchrl.protocols.tags import TagSet, extract_answer, extract_reasoning
 from searchrl.reward_terms import FormatVerdict
-from searchrl.tags import TagSet, extract_answer, extract_reasoning
-from searchrl.toolformat.protocol import NativeProtocol
 from searchrl.tools.batch import INVALID
+
+if TYPE_CHECKING:
+    from searchrl.protocols.base import Protocol
 
 FORMAT_RULES = (
     "think",
@@ -165,7 +167,7 @@ def check_segments(
 ) -> FormatVerdict:
     """The format check on response segments; see the module docstring for the rules.
 
-    >>> from searchrl.tags import R1SEARCHER_TAGS
+    >>> from searchrl.protocols.tags import R1SEARCHER_TAGS
     >>> ok = [Segment(" Look it up. <|begin_of_query|>Quellbridge river<|end_of_query|>", "policy"),
     ...       Segment("\\n\\n<|begin_of_documents|>\\n(1)Title: Quellbridge Text: On the Tessaly.\\n<|end_of_documents|>\\n\\n", "env"),
     ...       Segment("It is the Tessaly.</think>\\n\\n<answer>Tessaly</answer>", "policy")]
@@ -200,48 +202,18 @@ def check_segments(
     return FormatVerdict(ok=not failed, failed=failed)
 
 
-def check_format(
-    traj: Trajectory,
-    protocol: Protocol | NativeProtocol | TagSet,
-    *,
-    think_opened_in_prompt: bool | None = None,
-    max_answer_words: int | None = None,
-    require_think: bool = True,
-) -> FormatVerdict:
-    """The format check of a trajectory under its protocol (a `TagSet`: the tag protocol of those
-    tags); the question decides whether CJK text is foreign. `think_opened_in_prompt`: None for
-    the protocol's (a bare `TagSet`: opened)."""
-    protocol = as_protocol(protocol)
-    if isinstance(protocol, NativeProtocol):
-        return check_turns(traj, protocol, max_answer_words=max_answer_words)
-    if think_opened_in_prompt is None:
-        think_opened_in_prompt = protocol.think_opened_in_prompt
-    return check_segments(
-        traj.segments,
-        protocol.tags,
-        question=traj.question,
-        think_opened_in_prompt=think_opened_in_prompt,
-        max_answer_words=max_answer_words,
-        require_think=require_think,
-    )
-
-
-def as_protocol(protocol: Protocol | NativeProtocol | TagSet) -> Protocol | NativeProtocol:
-    """A bare `TagSet` as the tag protocol of those tags (its prompts open the think block)."""
-    return Protocol(protocol) if isinstance(protocol, TagSet) else protocol
-
-
-def final_answer(traj: Trajectory, protocol: Protocol | NativeProtocol, *, cut_short: bool = False) -> str | None:
+def final_answer(traj: Trajectory, protocol: Protocol, *, cut_short: bool = False) -> str | None:
     """The answer of a rollout: the engine's when it stopped at one, else what `protocol` reads from
     its segments (`cut_short`: evaluation's reading, where an answer block the budget cut counts,
     its first line). The rewards, the format check and evaluation all read it here."""
     return traj.answer if traj.answer is not None else protocol.answer(traj.segments, cut_short=cut_short)
 
 
-def check_turns(traj: Trajectory, protocol: NativeProtocol, *, max_answer_words: int | None = None) -> FormatVerdict:
-    """The format check of a tool-call rollout (the module docstring's rules)."""
+def check_turns(traj: Trajectory, answer: str | None, observation_markers: Sequence[str], *,
+                max_answer_words: int | None = None) -> FormatVerdict:
+    """The format check of a tool-call rollout (the module docstring's rules): `answer`, its
+    answer; `observation_markers`, the text only the environment writes."""
     policy_text = "".join(s.text for s in traj.segments if s.source == "policy")
-    answer = final_answer(traj, protocol)
     failed = []
     if traj.stop_reason != "answer" or not answer:
         failed.append("answer")
@@ -249,7 +221,7 @@ def check_turns(traj: Trajectory, protocol: NativeProtocol, *, max_answer_words:
         failed.append("garbled")
     if has_cjk(policy_text) and not has_cjk(traj.question):
         failed.append("script")
-    if any(marker in policy_text for marker in protocol.observation_markers):
+    if any(marker in policy_text for marker in observation_markers):
         failed.append("forged_documents")
     if answer and max_answer_words is not None and len(answer.split()) > max_answer_words:
         failed.append("answer_length")
@@ -258,24 +230,22 @@ def check_turns(traj: Trajectory, protocol: NativeProtocol, *, max_answer_words:
     return FormatVerdict(ok=not failed, failed=failed)
 
 
-def think_text(traj: Trajectory, protocol: Protocol | NativeProtocol | TagSet) -> str:
-    """The policy's reasoning in a rollout, tags and documents left out, for the repetition
-    metrics (`rl.health_signals`). Tag protocols: the think block (an unclosed one runs to the
-    answer tag or the end), queries included. Tool calls: each turn's `<think>` block, or where a
-    call turn has none, its text outside the calls (a final turn's text is the answer).
+def policy_turns(segments: Sequence[Segment]) -> list[str]:
+    """The policy's turns: its text between observations."""
+    return [s.text for s in _merge(segments) if s.source == "policy"]
 
-    >>> from searchrl.tags import R1SEARCHER_TAGS
-    >>> t = Trajectory("q", "Q?", [], [], [], [], [Segment("Look. <|begin_of_query|>R1<|end_of_query|>", "policy"),
-    ...     Segment("<|begin_of_documents|>(1) R1 flows.<|end_of_documents|>", "env"), Segment("Found.</think><answer>R1</answer>", "policy")])
-    >>> think_text(t, R1SEARCHER_TAGS)
+
+def tag_think_text(segments: Sequence[Segment], tags: TagSet, think_opened_in_prompt: bool) -> str:
+    """The policy's reasoning in a tag rollout, tags and documents left out, for the repetition
+    metrics (`rl.health_signals`): the think block (an unclosed one runs to the answer tag or the
+    end), queries included.
+
+    >>> from searchrl.protocols.tags import R1SEARCHER_TAGS
+    >>> tag_think_text([Segment("Look. <|begin_of_query|>R1<|end_of_query|>", "policy"),
+    ...     Segment("<|begin_of_documents|>(1) R1 flows.<|end_of_documents|>", "env"),
+    ...     Segment("Found.</think><answer>R1</answer>", "policy")], R1SEARCHER_TAGS, True)
     'Look.  R1 Found.'
     """
-    protocol = as_protocol(protocol)
-    policy = [s.text for s in _merge(traj.segments) if s.source == "policy"]
-    if isinstance(protocol, NativeProtocol):
-        turns = [protocol.chat.format.parse(text) for text in policy]
-        return "\n".join(t.reasoning or ("" if t.is_final else t.final_text) for t in turns)
-    tags = protocol.tags
-    body = extract_reasoning(policy_view(traj.segments, tags), tags,
-                             think_opened_in_prompt=protocol.think_opened_in_prompt, drop_documents=True) or ""
+    body = extract_reasoning(policy_view(segments, tags), tags,
+                             think_opened_in_prompt=think_opened_in_prompt, drop_documents=True) or ""
     return _tag_pattern(tags).sub(" ", body)

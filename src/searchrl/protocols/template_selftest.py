@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 from searchrl.errors import SearchRLError
-from searchrl.toolformat.chat import Message, NativeChat
+from searchrl.protocols.chat_template import Message, NativeChat
 from searchrl.tools.base import ToolCall
 
 SYSTEM = "Answer the question; use the tools when you need them."

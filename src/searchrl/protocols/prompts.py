@@ -20,8 +20,8 @@ from pathlib import Path
 from searchrl.chat_render import ChatTemplateError, render, template_name
 from searchrl.data.types import Passage
 from searchrl.errors import SearchRLError
+from searchrl.protocols.tags import TagSet, format_documents
 from searchrl.registry import Registry
-from searchrl.tags import TagSet, format_documents
 
 INSTRUCTION = (
     "Answer the user's question by reasoning step by step. You can look facts up in a Wikipedia "
@@ -39,6 +39,9 @@ def instruction_text(tags: TagSet) -> str:
     """The instruction paragraph with this preset's tags filled in."""
     return INSTRUCTION.format(**tags.as_dict())
 
+
+# Tool-call prompt templates -> worked example conversations they show (searchrl.protocols.chat_tools).
+TOOL_TEMPLATES = {"tools": 0, "tools-oneshot": 1, "tools-fewshot": 2}
 
 # Worked examples for tiny models. Every entity is invented so the examples teach the protocol,
 # not facts, and cannot leak a benchmark answer. Steps: ("think", text) | ("query", q, passages)
@@ -287,7 +290,7 @@ def build_prompt(
     """The prompt for one question. `template` is a built-in name or a template file path;
     `tokenizer` (a Hugging Face tokenizer) is needed by the chat templates only.
 
-    >>> from searchrl.tags import SEARCH_R1_TAGS
+    >>> from searchrl.protocols.tags import SEARCH_R1_TAGS
     >>> build_prompt("Who built Quellbridge?", SEARCH_R1_TAGS).endswith("User: Who built Quellbridge?\\nAssistant: <think>")
     True
     """
