@@ -139,7 +139,7 @@ def test_over_long_json_line_is_refused_without_reading_it_whole(tmp_path, monke
     [
         ("data show {dir}", "{dir} is a directory, not a file; pass a file"),
         ("eval format-check {dir}", "{dir} is a directory, not a file; pass a file"),
-        ("view {dir}", "{dir} is a directory, not a file; pass a file"),
+        ("view {dir}", "{dir}: no predictions.jsonl and no samples/step_*.jsonl; give a run folder"),
         ("index build {dir} --out {tmp}/idx", "{dir} is a directory, not a corpus file; pass a file"),
         ("eval run --config {dir}", "config file {dir} is a directory; give a YAML file"),
         ("index search {file} q", "{file} is a file, not an index directory"),
