@@ -98,6 +98,8 @@ def run_one(args) -> None:
         "step_s": mean("step_seconds"), "rollout_s": mean("rollout_seconds"), "update_s": mean("update_seconds"),
         "rollouts": mean("rollouts"), "policy_tokens": mean("response_tokens") * mean("rollouts"),
         "searches": mean("searches"), "each_step_s": [r["step_seconds"] for r in timed],
+        # this run's own peak: its process, or a rollout worker process it started
+        "peak_gb": max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 2**20,
     }), flush=True)
 
 
@@ -110,7 +112,6 @@ def measure(args, run: str, work: str) -> dict:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-5000:])
         raise SystemExit(f"the {run} run failed (exit {proc.returncode})")
     r = json.loads(lines[-1][len(RESULT):])
-    r["peak_gb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20  # the largest child so far
     r["rollouts_per_h"] = 3600 * r["rollouts"] / r["step_s"]
     r["tok_s"] = r["policy_tokens"] / r["step_s"]
     return r
